@@ -1,0 +1,17 @@
+"""Token mixers: one module per method, one registry, all importing only torch.
+
+>>> from vitmix import mixers
+>>> layer = mixers.create("softmax", dim=192, num_heads=3)
+>>> mixers.list_mixers()            # doctest: +SKIP
+>>> Attn = mixers.timm_attn("softmax", fused=False)   # a class for timm's attn_layer=
+"""
+from .base import TokenMixer, infer_grid, resolve_grid, set_token_grid
+from .registry import create, get_mixer_class, list_mixers, register_mixer, timm_attn
+
+# Importing a method's module registers its mixers.
+from . import softmax  # noqa: F401,E402
+
+__all__ = [
+    "TokenMixer", "create", "get_mixer_class", "infer_grid", "list_mixers", "register_mixer",
+    "resolve_grid", "set_token_grid", "timm_attn",
+]

@@ -1,0 +1,175 @@
+"""The mixer contract shared by every vitmix token mixer.
+
+A mixer is an ``nn.Module`` class with timm's ``Attention`` constructor signature and
+``forward(x, attn_mask=None, is_causal=False)`` on ``x: (B, N, C)`` returning ``(B, N, C)``, so the
+class itself (not a ``functools.partial``) can be handed to
+``timm.models.vision_transformer.VisionTransformer(attn_layer=...)``.
+
+Spatial mixers also need the token grid. It can be given explicitly, at construction
+(``hw=(H, W)``, ``num_prefix_tokens=P``), per call (``forward(x, hw=..., num_prefix_tokens=...)``)
+or for a whole model with :func:`set_token_grid`. Without it, the grid is inferred as the square
+that remains after the fewest prefix (CLS/register) tokens: ``N = P + S*S``.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Iterable, Optional, Tuple
+
+import torch
+from torch import nn
+
+# Keyword arguments that some timm versions pass to ``attn_layer`` and that mixers may ignore.
+_TIMM_EXTRA_KWARGS = frozenset({"depth", "device", "dtype", "attn_head_dim", "dim_out", "gated"})
+_MAX_INFERRED_PREFIX = 16
+
+
+def close_matches(name: str, options: Iterable[str], n: int = 3) -> str:
+    """A ``" Did you mean: a, b?"`` suffix for error messages (empty when nothing is close)."""
+    matches = difflib.get_close_matches(name, list(options), n=n, cutoff=0.5)
+    return f" Did you mean: {', '.join(matches)}?" if matches else ""
+
+
+def infer_grid(n_tokens: int, num_prefix_tokens: Optional[int] = None) -> Tuple[int, int, int]:
+    """Infer ``(prefix, H, W)`` for ``n_tokens`` tokens laid out as prefix tokens + a square grid."""
+    candidates = [num_prefix_tokens] if num_prefix_tokens is not None else range(_MAX_INFERRED_PREFIX + 1)
+    for p in candidates:
+        side = math.isqrt(max(n_tokens - p, 0))
+        if side > 0 and side * side == n_tokens - p:
+            return p, side, side
+    given = f" after {num_prefix_tokens} prefix tokens" if num_prefix_tokens is not None else ""
+    raise ValueError(
+        f"cannot infer a square token grid from N={n_tokens} tokens{given}; pass hw=(H, W) and "
+        f"num_prefix_tokens to the mixer (or call vitmix.mixers.set_token_grid(model, hw, prefix))"
+    )
+
+
+def resolve_grid(
+    n_tokens: int, hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None
+) -> Tuple[int, int, int]:
+    """Return ``(prefix, H, W)`` for a sequence of ``n_tokens`` tokens, checking consistency."""
+    if hw is None:
+        return infer_grid(n_tokens, num_prefix_tokens)
+    h, w = int(hw[0]), int(hw[1])
+    if h <= 0 or w <= 0:
+        raise ValueError(f"token grid hw must be positive, got {tuple(hw)}")
+    prefix = n_tokens - h * w
+    if prefix < 0:
+        raise ValueError(f"token grid {h}x{w}={h * w} needs at least that many tokens, got N={n_tokens}")
+    if num_prefix_tokens is not None and prefix != num_prefix_tokens:
+        raise ValueError(
+            f"N={n_tokens} tokens do not match grid {h}x{w} plus {num_prefix_tokens} prefix tokens "
+            f"(expected N={h * w + num_prefix_tokens})"
+        )
+    return prefix, h, w
+
+
+class TokenMixer(nn.Module):
+    """Base class of all vitmix mixers: the timm ``Attention`` signature plus grid handling.
+
+    Subclasses build their layers in ``__init__`` (after calling ``super().__init__``) and implement
+    :meth:`mix`, which receives the already-checked input and the resolved grid. ``forward`` is
+    shared so every mixer validates its input and handles ``hw``/prefix tokens identically.
+
+    Args:
+        dim: channels C of the input ``(B, N, C)``.
+        num_heads: attention heads; must divide ``dim``.
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer: timm's meaning;
+            a mixer that cannot honour one ignores it only when it is at its default.
+        hw: explicit token grid ``(H, W)``; inferred as a square when ``None``.
+        num_prefix_tokens: CLS/register tokens before the grid; inferred when ``None``.
+    """
+
+    #: mixers that read the token grid set this to True (informational; used in docs and tests)
+    spatial: bool = False
+    #: mixers that honour an additive/boolean ``attn_mask`` set this to True
+    supports_attn_mask: bool = False
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[type] = None,
+        *,
+        hw: Optional[Tuple[int, int]] = None,
+        num_prefix_tokens: Optional[int] = None,
+        **timm_kwargs,
+    ) -> None:
+        super().__init__()
+        unknown = set(timm_kwargs) - _TIMM_EXTRA_KWARGS
+        if unknown:
+            bad = sorted(unknown)[0]
+            raise ValueError(
+                f"{type(self).__name__} got an unknown option {bad!r}."
+                + close_matches(bad, self.option_names())
+            )
+        if dim <= 0 or num_heads <= 0 or dim % num_heads != 0:
+            raise ValueError(f"dim={dim} must be a positive multiple of num_heads={num_heads}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.hw = tuple(hw) if hw is not None else None
+        self.num_prefix_tokens = num_prefix_tokens
+
+    @classmethod
+    def option_names(cls) -> list:
+        """Names of the keyword options accepted by this mixer's constructor."""
+        import inspect
+
+        names = []
+        for klass in cls.__mro__:
+            if klass is nn.Module or not issubclass(klass, TokenMixer):
+                continue
+            for p in inspect.signature(klass.__init__).parameters.values():
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self",):
+                    names.append(p.name)
+        return sorted(set(names))
+
+    def set_grid(self, hw: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int] = None) -> None:
+        """Fix the token grid used when ``forward`` is not given one."""
+        self.hw = tuple(hw) if hw is not None else None
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        *,
+        hw: Optional[Tuple[int, int]] = None,
+        num_prefix_tokens: Optional[int] = None,
+    ) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"{type(self).__name__} expects x of shape (B, N, {self.dim}), got {tuple(x.shape)}"
+            )
+        if (attn_mask is not None or is_causal) and not self.supports_attn_mask:
+            raise ValueError(
+                f"{type(self).__name__} does not support attn_mask/is_causal; use the 'softmax' mixer"
+            )
+        hw = hw if hw is not None else self.hw
+        prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
+        grid = resolve_grid(x.shape[1], hw, prefix) if self.spatial else None
+        return self.mix(x, grid=grid, attn_mask=attn_mask, is_causal=is_causal)
+
+    def mix(self, x, grid, attn_mask=None, is_causal=False):  # pragma: no cover - abstract
+        """Mix tokens. ``grid`` is ``(prefix, H, W)`` for spatial mixers, else ``None``."""
+        raise NotImplementedError
+
+    def attention_map(self, x: torch.Tensor, **grid) -> torch.Tensor:
+        """The effective ``(B, heads, N, N)`` token-to-token weights, for analysis (O(N^2))."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose an attention map")
+
+
+def set_token_grid(model: nn.Module, hw: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int] = None):
+    """Set the token grid of every vitmix mixer inside ``model`` (e.g. a stock timm ViT)."""
+    for module in model.modules():
+        if isinstance(module, TokenMixer):
+            module.set_grid(hw, num_prefix_tokens)
+    return model

@@ -1,0 +1,76 @@
+"""Name → mixer class registry, and the timm ``attn_layer`` adapter."""
+from __future__ import annotations
+
+from typing import Dict, List, Type
+
+from .base import TokenMixer, close_matches
+
+_MIXERS: Dict[str, Type[TokenMixer]] = {}
+
+
+def register_mixer(name: str):
+    """Class decorator: register a :class:`TokenMixer` subclass under ``name``."""
+
+    def decorate(cls):
+        if not (isinstance(cls, type) and issubclass(cls, TokenMixer)):
+            raise TypeError(f"{cls!r} is not a TokenMixer subclass")
+        if name in _MIXERS and _MIXERS[name] is not cls:
+            raise ValueError(f"mixer name {name!r} is already registered to {_MIXERS[name].__name__}")
+        _MIXERS[name] = cls
+        cls.mixer_name = name
+        return cls
+
+    return decorate
+
+
+def list_mixers() -> List[str]:
+    """Sorted names of all registered mixers."""
+    return sorted(_MIXERS)
+
+
+def get_mixer_class(name: str) -> Type[TokenMixer]:
+    """The class registered as ``name``; ``ValueError`` listing close matches otherwise."""
+    key = name.strip().lower().replace("-", "_") if isinstance(name, str) else name
+    if key not in _MIXERS:
+        raise ValueError(
+            f"unknown mixer {name!r}." + close_matches(str(name), _MIXERS)
+            + f" Registered mixers: {', '.join(list_mixers())}"
+        )
+    return _MIXERS[key]
+
+
+def _check_options(cls: Type[TokenMixer], options: dict) -> None:
+    valid = cls.option_names()
+    for key in options:
+        if key not in valid:
+            hint = close_matches(key, valid)
+            raise ValueError(f"mixer {cls.mixer_name!r} has no option {key!r}.{hint} Options: {', '.join(valid)}")
+
+
+def create(name: str, dim: int, num_heads: int = 8, **options) -> TokenMixer:
+    """Build mixer ``name`` for ``(B, N, dim)`` inputs with ``num_heads`` heads."""
+    cls = get_mixer_class(name)
+    _check_options(cls, options)
+    return cls(dim, num_heads, **options)
+
+
+def timm_attn(name: str, **options) -> Type[TokenMixer]:
+    """A class with ``options`` bound, for ``VisionTransformer(attn_layer=...)``.
+
+    timm checks ``issubclass(attn_layer, ...)``, so this returns a real subclass rather than a
+    ``functools.partial``. Options passed by timm (``qkv_bias``, ``norm_layer``...) still apply;
+    bound options win over timm's only for the names given here.
+    """
+    cls = get_mixer_class(name)
+    _check_options(cls, options)
+    bound = dict(options)
+
+    def __init__(self, dim, num_heads=8, **kwargs):
+        cls.__init__(self, dim, num_heads, **{**kwargs, **bound})
+
+    suffix = "".join(f"_{k}{v}" for k, v in sorted(bound.items()))
+    return type(f"{cls.__name__}{suffix}", (cls,), {"__init__": __init__, "bound_options": bound,
+                                                   "__module__": cls.__module__})
+
+
+__all__ = ["register_mixer", "list_mixers", "get_mixer_class", "create", "timm_attn"]

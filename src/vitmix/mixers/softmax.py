@@ -1,0 +1,97 @@
+"""Softmax attention: the baseline every other mixer is measured against.
+
+Weight-for-weight identical to ``timm.layers.Attention`` (same parameter names, so state dicts
+load either way). ``fused=True`` (default) uses ``F.scaled_dot_product_attention``; ``fused=False``
+runs the explicit ``softmax(q kᵀ · scale) v`` path, which :meth:`attention_map` shares.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import TokenMixer
+from .registry import register_mixer
+
+
+def _masked_scores(scores: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    if is_causal:
+        n_q, n_k = scores.shape[-2:]
+        causal = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    return scores
+
+
+@register_mixer("softmax")
+class SoftmaxAttention(TokenMixer):
+    """Multi-head softmax attention (timm-compatible).
+
+    Args:
+        fused: use PyTorch's fused SDPA kernel; ``False`` computes the attention matrix explicitly.
+        See :class:`~vitmix.mixers.base.TokenMixer` for the shared arguments.
+    """
+
+    supports_attn_mask = True
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[type] = None,
+        *,
+        fused: bool = True,
+        **kwargs,
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
+                         norm_layer, **kwargs)
+        if (qk_norm or scale_norm) and norm_layer is None:
+            norm_layer = nn.LayerNorm
+        self.scale = self.head_dim ** -0.5
+        self.fused = fused
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _qkv(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def _weights(self, q, k, attn_mask, is_causal):
+        scores = _masked_scores((q * self.scale) @ k.transpose(-2, -1), attn_mask, is_causal)
+        return scores.softmax(dim=-1)
+
+    def mix(self, x, grid=None, attn_mask=None, is_causal=False):
+        b, n, c = x.shape
+        q, k, v = self._qkv(x)
+        if self.fused:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                dropout_p=self.attn_drop.p if self.training else 0.0,
+            )
+        else:
+            out = self.attn_drop(self._weights(q, k, attn_mask, is_causal)) @ v
+        out = self.norm(out.transpose(1, 2).reshape(b, n, c))
+        return self.proj_drop(self.proj(out))
+
+    @torch.no_grad()
+    def attention_map(self, x: torch.Tensor, attn_mask=None, is_causal=False, **grid) -> torch.Tensor:
+        q, k, _ = self._qkv(x)
+        return self._weights(q, k, attn_mask, is_causal)

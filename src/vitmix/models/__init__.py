@@ -1,0 +1,5 @@
+"""Backbones registered in timm's model registry (importing this package registers them)."""
+from . import vit  # noqa: F401
+from .factory import create_model, is_vitmix_model, list_models
+
+__all__ = ["create_model", "is_vitmix_model", "list_models"]

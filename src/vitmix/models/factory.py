@@ -1,0 +1,83 @@
+"""``vitmix.create_model``: ``timm.create_model`` that also understands ``mixer=``."""
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import timm
+from torch import nn
+
+from ..mixers import set_token_grid
+from ..mixers.base import close_matches
+from ._builder import mixer_attn_layer
+
+
+def _entrypoint(name: str):
+    base = name.split(".")[0]
+    if not timm.is_model(base):
+        raise ValueError(f"unknown model {name!r}." + close_matches(base, list_models(), n=5)
+                         + " See `vitmix models` for the full list.")
+    return timm.models.model_entrypoint(base)
+
+
+def list_models(pattern: str = "") -> list:
+    """vitmix models plus timm's isotropic ViT/DeiT families (which accept any mixer)."""
+    ours = [m for m in timm.list_models() if is_vitmix_model(m)]
+    theirs = timm.list_models(["vit_*", "deit_*"], exclude_filters=["*_clip_*", "*siglip*", "*_sam_*"])
+    names = sorted(set(ours) | set(theirs))
+    return [n for n in names if pattern in n]
+
+
+def is_vitmix_model(name: str) -> bool:
+    """True for models that vitmix itself registers in timm."""
+    try:
+        fn = timm.models.model_entrypoint(name.split(".")[0])
+    except RuntimeError:
+        return False
+    return fn.__module__.startswith("vitmix.")
+
+
+def _takes_mixer(fn) -> bool:
+    """vitmix model functions with their own mixer handling declare ``mixer`` explicitly or pass it on."""
+    return fn.__module__.startswith("vitmix.")
+
+
+def create_model(name: str, pretrained: bool = False, *, mixer: Optional[str] = None,
+                 mixer_options: Optional[dict] = None, **kwargs) -> nn.Module:
+    """Create model ``name`` with its attention replaced by ``mixer``.
+
+    Works for vitmix's own models and for timm ``VisionTransformer`` families
+    (``deit_tiny_patch16_224``, ``vit_base_patch16_224`` ...), where the mixer goes in through
+    ``attn_layer``. Image sizes must be divisible by the patch size. The token grid is fixed on
+    the mixers so non-square inputs work; pass ``dynamic_img_size=True`` to infer it per call.
+    """
+    fn = _entrypoint(name)
+    if _takes_mixer(fn):
+        if mixer is not None:
+            kwargs["mixer"] = mixer
+        if mixer_options:
+            kwargs["mixer_options"] = mixer_options
+    elif mixer is not None or mixer_options:
+        if "attn_layer" not in inspect.signature(timm.models.VisionTransformer.__init__).parameters:
+            raise ValueError("this timm version has no VisionTransformer(attn_layer=...); install timm>=1.0.24")
+        kwargs["attn_layer"] = mixer_attn_layer(mixer, mixer_options)
+    try:
+        model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    except TypeError as err:  # an option the architecture does not take
+        raise ValueError(f"cannot build {name!r}: {err}") from None
+    _check_patch_grid(model, name)
+    return model
+
+
+def _check_patch_grid(model: nn.Module, name: str) -> None:
+    embed = getattr(model, "patch_embed", None)
+    img, patch = getattr(embed, "img_size", None), getattr(embed, "patch_size", None)
+    if img is None or patch is None:
+        return
+    if any(i % p for i, p in zip(img, patch)):
+        raise ValueError(
+            f"image size {tuple(img)} of {name!r} is not divisible by its patch size {tuple(patch)}; "
+            f"use a multiple of {tuple(patch)}"
+        )
+    if not getattr(model, "dynamic_img_size", False) and hasattr(embed, "grid_size"):
+        set_token_grid(model, tuple(embed.grid_size), getattr(model, "num_prefix_tokens", None))
