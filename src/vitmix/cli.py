@@ -13,6 +13,8 @@ import sys
 # Modules that contribute subcommands, in the order `vitmix --help` lists them.
 _SUBCOMMAND_MODULES = (
     "vitmix.train.cli",
+    "vitmix.bench.cli",
+    "vitmix.analysis.cli",
     "vitmix.listing",
 )
 

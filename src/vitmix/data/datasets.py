@@ -1,0 +1,208 @@
+"""Dataset factory: name → (train, val) torch datasets with timm transforms."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import create_transform
+from torch.utils.data import DataLoader, Dataset
+
+from ..mixers.base import close_matches
+from .idx import read_idx
+
+FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                         "Sneaker", "Bag", "Ankle boot")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know about a dataset."""
+
+    name: str
+    num_classes: int
+    in_chans: int
+    native_size: int
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    classes: Tuple[str, ...] = ()
+
+
+class ArrayImageDataset(Dataset):
+    """Images held in memory as a uint8 array ``(N, H, W)`` or ``(N, H, W, 3)`` plus integer labels."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Optional[Callable] = None):
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images, self.labels, self.transform = images, labels.astype(np.int64), transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i):
+        img = Image.fromarray(self.images[i])
+        return (self.transform(img) if self.transform else img), int(self.labels[i])
+
+
+def _transforms(info: DatasetInfo, img_size: int, augment: bool):
+    """timm transforms; light augmentation for the small grey datasets (no flips: digits are chiral)."""
+    size = (info.in_chans, img_size, img_size)
+    common = dict(input_size=size, mean=info.mean, std=info.std, interpolation="bilinear", crop_pct=1.0)
+    if not augment:
+        return create_transform(is_training=False, **common), create_transform(is_training=False, **common)
+    small = info.native_size <= 32
+    train = create_transform(
+        is_training=True, scale=(0.8, 1.0) if small else (0.08, 1.0), ratio=(0.9, 1.1) if small else (3 / 4, 4 / 3),
+        hflip=0.0 if info.in_chans == 1 else 0.5, color_jitter=None if small else 0.4, **common,
+    )
+    return train, create_transform(is_training=False, **common)
+
+
+# --- digits: scikit-learn's bundled 8×8 digits ----------------------------------------------------------
+
+DIGITS_INFO = DatasetInfo("digits", 10, 1, 8, (0.5,), (0.5,), tuple(str(i) for i in range(10)))
+
+
+def _digits(data_dir, download, img_size, augment, val_fraction: float = 0.2, split_seed: int = 0):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 → 0..255
+    # A fixed stratified split: the same validation images on every machine and run.
+    idx_train, idx_val = train_test_split(np.arange(len(images)), test_size=val_fraction,
+                                          stratify=digits.target, random_state=split_seed)
+    t_train, t_val = _transforms(DIGITS_INFO, img_size, augment)
+    return (ArrayImageDataset(images[idx_train], digits.target[idx_train], t_train),
+            ArrayImageDataset(images[idx_val], digits.target[idx_val], t_val), DIGITS_INFO)
+
+
+# --- Fashion-MNIST from raw idx files ---------------------------------------------------------------------
+
+FASHION_INFO = DatasetInfo("fashion-mnist", 10, 1, 28, (0.2860,), (0.3530,), FASHION_MNIST_CLASSES)
+_FASHION_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+                  "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def _find_idx(root: Path, stem: str) -> Optional[Path]:
+    for sub in ("", "raw", "FashionMNIST/raw"):
+        for suffix in ("", ".gz"):
+            p = root / sub / (stem + suffix)
+            if p.is_file():
+                return p
+    return None
+
+
+def _fashion_mnist(data_dir, download, img_size, augment):
+    roots = [Path(data_dir)] if data_dir else [FASHION_MNIST_SYSTEM_DIR]
+    if download:
+        import torchvision
+
+        root = Path(data_dir or "data")
+        torchvision.datasets.FashionMNIST(root, train=True, download=True)
+        torchvision.datasets.FashionMNIST(root, train=False, download=True)
+        roots = [root]
+    arrays = {}
+    for split, (img_stem, lbl_stem) in _FASHION_FILES.items():
+        paths = [next((p for p in (_find_idx(r, s) for r in roots) if p), None) for s in (img_stem, lbl_stem)]
+        if None in paths:
+            looked = ", ".join(str(r) for r in roots)
+            raise FileNotFoundError(
+                f"Fashion-MNIST file {img_stem if paths[0] is None else lbl_stem}[.gz] not found in {looked} "
+                f"(also looked in raw/ and FashionMNIST/raw/). Install it with "
+                f"`apt-get install dataset-fashion-mnist` (files go to {FASHION_MNIST_SYSTEM_DIR}), "
+                f"pass --data-dir DIR holding the idx files, or add --download"
+            )
+        arrays[split] = (read_idx(paths[0]), read_idx(paths[1]))
+    t_train, t_val = _transforms(FASHION_INFO, img_size, augment)
+    return (ArrayImageDataset(*arrays["train"], t_train), ArrayImageDataset(*arrays["val"], t_val), FASHION_INFO)
+
+
+# --- CIFAR through torchvision ------------------------------------------------------------------------------
+
+def _cifar(num_classes: int):
+    name = f"cifar{num_classes}"
+    info = DatasetInfo(name, num_classes, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+
+    def build(data_dir, download, img_size, augment):
+        import torchvision
+
+        cls = torchvision.datasets.CIFAR10 if num_classes == 10 else torchvision.datasets.CIFAR100
+        root = Path(data_dir or "data")
+        t_train, t_val = _transforms(info, img_size, augment)
+        try:
+            train = cls(str(root), train=True, transform=t_train, download=download)
+            val = cls(str(root), train=False, transform=t_val, download=download)
+        except RuntimeError as err:  # torchvision: "Dataset not found or corrupted."
+            raise FileNotFoundError(
+                f"{name} not found under {root.resolve()} ({err}). Pass --data-dir DIR containing "
+                f"{cls.base_folder}/, or add --download to fetch it"
+            ) from None
+        return train, val, DatasetInfo(name, num_classes, 3, 32, info.mean, info.std, tuple(train.classes))
+
+    return build
+
+
+# --- ImageFolder: DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg ---------------------------------------
+
+def _imagefolder(data_dir, download, img_size, augment):
+    import torchvision
+
+    if not data_dir:
+        raise ValueError("--data imagefolder needs --data-dir DIR with train/ and val/ class folders")
+    root = Path(data_dir)
+    missing = [s for s in ("train", "val") if not (root / s).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"{root} has no {' or '.join(s + '/' for s in missing)} folder; expected "
+                                f"{root}/train/<class>/* and {root}/val/<class>/*")
+    probe = torchvision.datasets.ImageFolder(str(root / "train"))
+    info = DatasetInfo("imagefolder", len(probe.classes), 3, img_size, (0.485, 0.456, 0.406),
+                       (0.229, 0.224, 0.225), tuple(probe.classes))
+    t_train, t_val = _transforms(info, img_size, augment)
+    train = torchvision.datasets.ImageFolder(str(root / "train"), transform=t_train)
+    val = torchvision.datasets.ImageFolder(str(root / "val"), transform=t_val)
+    if val.classes != train.classes:
+        raise ValueError(f"train/ and val/ class folders differ in {root}: {train.classes} vs {val.classes}")
+    return train, val, info
+
+
+DATASETS: Dict[str, Callable] = {
+    "digits": _digits,
+    "fashion-mnist": _fashion_mnist,
+    "cifar10": _cifar(10),
+    "cifar100": _cifar(100),
+    "imagefolder": _imagefolder,
+}
+
+
+def list_datasets():
+    """Names accepted by ``--data``."""
+    return sorted(DATASETS)
+
+
+def build_datasets(name: str, img_size: int, data_dir: Optional[str] = None, download: bool = False,
+                   augment: bool = True):
+    """Return ``(train, val, info)`` for dataset ``name`` resized to ``img_size``×``img_size``."""
+    key = name.lower().replace("_", "-")
+    key = {"fashion": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist"}.get(key, key)
+    if key not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}." + close_matches(key, DATASETS)
+                         + f" Available: {', '.join(list_datasets())}")
+    if img_size <= 0:
+        raise ValueError(f"image size must be positive, got {img_size}")
+    return DATASETS[key](data_dir, download, img_size, augment)
+
+
+def build_loaders(train, val, batch_size: int, workers: int = 0, seed: int = 0, sampler=None,
+                  val_sampler=None):
+    """DataLoaders with a seeded shuffle so CPU runs repeat exactly."""
+    gen = torch.Generator().manual_seed(seed)
+    kw = dict(num_workers=workers, persistent_workers=workers > 0)
+    train_loader = DataLoader(train, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
+                              drop_last=len(train) > batch_size, generator=gen, **kw)
+    val_loader = DataLoader(val, batch_size=batch_size, shuffle=False, sampler=val_sampler, **kw)
+    return train_loader, val_loader

@@ -1,0 +1,39 @@
+"""``vitmix models`` and ``vitmix mixers``: what is registered."""
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    m = sub.add_parser("models", help="list models that accept vitmix mixers")
+    m.add_argument("pattern", nargs="?", default="", help="substring filter")
+    m.add_argument("--all", action="store_true", help="also list timm's ViT/DeiT families")
+    m.set_defaults(func=run_models)
+    x = sub.add_parser("mixers", help="list registered token mixers and their options")
+    x.set_defaults(func=run_mixers)
+
+
+def run_models(args) -> int:
+    from .models import is_vitmix_model, list_models
+
+    names = list_models(args.pattern)
+    if not args.all:
+        names = [n for n in names if is_vitmix_model(n)]
+    for name in names:
+        print(name)
+    if not args.all:
+        print("\n(timm's vit_*/deit_* models also accept --mixer; list them with `vitmix models --all`)")
+    return 0
+
+
+def run_mixers(args) -> int:
+    from .mixers import get_mixer_class, list_mixers
+    from .mixers.base import TokenMixer
+
+    shared = set(TokenMixer.option_names())
+    for name in list_mixers():
+        cls = get_mixer_class(name)
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        own = [o for o in cls.option_names() if o not in shared and o not in ("dim", "num_heads")]
+        print(f"{name:<14} {doc}")
+        if own:
+            print(f"{'':<14} options: {', '.join(own)}")
+    return 0

@@ -1,0 +1,99 @@
+"""Checkpoints: model weights in safetensors, resumable state via ``torch.load(weights_only=True)``.
+
+Every file is written to a temporary name in the same directory and renamed into place, so an
+interrupted save never leaves a half-written checkpoint over a good one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+_META_KEY = "vitmix"
+
+
+def _atomic(path: Path, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model inside DDP / torch.compile wrappers."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
+def save_weights(model: nn.Module, path: Path, meta: Dict[str, Any]) -> None:
+    """Write the model's weights and the metadata needed to rebuild it (``meta``) as safetensors."""
+    state = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
+    _atomic(path, lambda tmp: save_file(state, tmp, metadata={_META_KEY: json.dumps(meta)}))
+
+
+def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """Read ``(state_dict, meta)`` from a vitmix safetensors checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get(_META_KEY, "{}"))
+        state = load_file(str(path))
+    except (SafetensorError, OSError, json.JSONDecodeError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable safetensors checkpoint ({err}); it may be truncated "
+                         "or corrupt — use the run's other checkpoint (best/last)") from None
+    return state, meta
+
+
+def load_into(model: nn.Module, state: Dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Load ``state`` strictly, turning key/shape mismatches into a one-paragraph ``ValueError``."""
+    own = unwrap(model).state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = [k for k in own if k in state and own[k].shape != state[k].shape]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+        if shapes:
+            k = shapes[0]
+            parts.append(f"{len(shapes)} with other shapes "
+                         f"(e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
+        raise ValueError(f"{source} does not match the model: " + "; ".join(parts)
+                         + ". Build the model with the same --model/--mixer/--img-size as the run")
+    unwrap(model).load_state_dict(state)
+
+
+def save_state(path: Path, state: Dict[str, Any]) -> None:
+    """Write the resumable training state (tensors, numbers, strings and dicts/lists of them only)."""
+    _atomic(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_state(path: Path) -> Dict[str, Any]:
+    """Read training state without unpickling arbitrary objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no training state at {path}; cannot resume")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for corrupt or unsafe files
+        raise ValueError(f"{path} is not a loadable training state ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:200]})") from None

@@ -1,0 +1,96 @@
+"""``vitmix train`` and ``vitmix eval``."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from .config import TrainConfig, load_yaml, parse_key_values
+
+_HELP = {
+    "model": "model name (see `vitmix models`)",
+    "mixer": "token mixer replacing the model's attention (see `vitmix mixers`)",
+    "data": "digits | fashion-mnist | cifar10 | cifar100 | imagefolder",
+    "data_dir": "dataset directory (default: the dataset's standard location)",
+    "download": "allow torchvision to download fashion-mnist/cifar",
+    "img_size": "input resolution (default: the model's)",
+    "lr": "peak learning rate (scaled by global batch/512 under torchrun)",
+    "warmup_epochs": "linear warm-up length before the cosine decay",
+    "smoothing": "label smoothing",
+    "mixup": "mixup alpha (0 = off)",
+    "cutmix": "cutmix alpha (0 = off)",
+    "amp": "bf16 autocast",
+    "max_steps": "stop after this many optimizer steps (smoke tests)",
+    "out": "run directory (default: runs/<time>-<model>-<mixer>-<data>)",
+    "resume": "continue the run in --out from its last checkpoint",
+    "device": "cpu | cuda | cuda:N (default: cuda if available)",
+    "clip_grad": "gradient-norm clip (0 = off)",
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a model (the default job trains a small ViT on digits)",
+                       description="Train a model; writes config.yaml, metrics.jsonl, checkpoints and curves.png "
+                                   "into a run directory. Scale out with "
+                                   "`torchrun --nproc_per_node=N -m vitmix.cli train ...`.")
+    p.add_argument("--config", help="YAML file of config values; flags given on the command line override it")
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in ("mixer_options", "model_options"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            p.add_argument(flag, action="store_true", default=None, help=_HELP.get(f.name))
+            continue
+        kind = {int: int, float: float}.get(type(default), str)
+        if f.name in ("img_size", "max_steps", "workers", "seed", "epochs", "batch_size"):
+            kind = int
+        if f.name == "clip_grad":
+            kind = float
+        p.add_argument(flag, type=kind, default=None, metavar=f.name.upper(),
+                       help=f"{_HELP.get(f.name, f.name.replace('_', ' '))} (default: {default})")
+    p.add_argument("--mixer-option", "-M", action="append", metavar="KEY=VALUE",
+                   help="mixer option, repeatable (e.g. -M num_landmarks=16)")
+    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
+                   help="model constructor option, repeatable (e.g. --model-option depth=4)")
+    p.set_defaults(func=run_train)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset's validation split")
+    e.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint or a run directory")
+    e.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
+    e.add_argument("--data-dir")
+    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--device")
+    e.add_argument("--amp", action="store_true", help="bf16 autocast")
+    e.set_defaults(func=run_eval)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    values = load_yaml(args.config) if args.config else {}
+    for name in TrainConfig.field_names():
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    if args.mixer_option:
+        values["mixer_options"] = {**values.get("mixer_options", {}), **parse_key_values(args.mixer_option)}
+    if args.model_option:
+        values["model_options"] = {**values.get("model_options", {}), **parse_key_values(args.model_option)}
+    if values.get("clip_grad") == 0:
+        values["clip_grad"] = None
+    return TrainConfig.from_dict(values)
+
+
+def run_train(args) -> int:
+    from .runner import train
+
+    train(config_from_args(args))
+    return 0
+
+
+def run_eval(args) -> int:
+    from .runner import evaluate_checkpoint
+
+    r = evaluate_checkpoint(args.checkpoint, args.data, args.data_dir, args.batch_size, args.device, args.amp)
+    print(f"{r['model']} (mixer={r['mixer'] or 'default'}) on {r['data']}: val acc {r['val_acc']:.2f}% "
+          f"({r['val_images']} images), val loss {r['val_loss']:.4f}  [{r['checkpoint']}]")
+    return 0

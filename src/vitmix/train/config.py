@@ -1,0 +1,91 @@
+"""One config object for a training run; written to ``config.yaml`` in the run directory."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import yaml
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a run. CLI flags map 1:1 onto these fields (``--batch-size`` → batch_size)."""
+
+    model: str = "vit_nano_patch4_32"
+    mixer: Optional[str] = None          # None: the model's own default mixer
+    mixer_options: Dict[str, Any] = field(default_factory=dict)
+    model_options: Dict[str, Any] = field(default_factory=dict)
+    data: str = "digits"
+    data_dir: Optional[str] = None
+    download: bool = False
+    img_size: Optional[int] = None       # None: the model's default input size
+    epochs: int = 20
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_lr: float = 1e-5
+    warmup_epochs: float = 1.0
+    weight_decay: float = 0.05
+    opt: str = "adamw"
+    clip_grad: Optional[float] = 1.0
+    smoothing: float = 0.1
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    drop_path: float = 0.0
+    amp: bool = False                    # bf16 autocast
+    seed: int = 0
+    workers: int = 0
+    max_steps: Optional[int] = None      # stop after this many optimizer steps (smoke tests)
+    out: Optional[str] = None
+    resume: bool = False
+    device: Optional[str] = None
+
+    @classmethod
+    def field_names(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def load(cls, path: Path) -> "TrainConfig":
+        return cls.from_dict(load_yaml(path))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        unknown = set(values) - set(cls.field_names())
+        if unknown:
+            from ..mixers.base import close_matches
+
+            bad = sorted(unknown)[0]
+            raise ValueError(f"unknown config key {bad!r}." + close_matches(bad, cls.field_names()))
+        return cls(**values)
+
+
+def load_yaml(path) -> dict:
+    """Read a YAML mapping, with a clear error for a missing or malformed file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of config keys, got {type(values).__name__}")
+    return values
+
+
+def parse_key_values(items) -> Dict[str, Any]:
+    """``["num_landmarks=16", "lam=4"]`` → ``{"num_landmarks": 16, "lam": 4}`` (values parsed as YAML)."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+    return out

@@ -1,0 +1,226 @@
+"""``train(cfg)`` and ``evaluate_checkpoint(path, ...)``: the jobs behind ``vitmix train`` / ``eval``."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import CosineLRScheduler
+from torch import nn
+from torch.utils.data.distributed import DistributedSampler
+
+from ..data import build_datasets, build_loaders
+from ..models import create_model
+from .checkpoint import load_into, load_state, load_weights, save_state, save_weights, unwrap
+from .config import TrainConfig
+from .distributed import DistInfo, cleanup, init_distributed
+from .engine import evaluate, train_one_epoch
+from .plots import plot_curves
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def default_img_size(model_name: str) -> int:
+    """The input size a model is registered with (timm pretrained_cfg)."""
+    import timm
+
+    cfg = timm.models.get_pretrained_cfg(model_name.split(".")[0])
+    size = getattr(cfg, "input_size", None) if cfg is not None else None
+    return int(size[-1]) if size else 224
+
+
+def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int) -> nn.Module:
+    kwargs = dict(cfg.model_options, num_classes=num_classes, in_chans=in_chans, img_size=img_size)
+    if cfg.drop_path:
+        kwargs["drop_path_rate"] = cfg.drop_path
+    return create_model(cfg.model, mixer=cfg.mixer, mixer_options=cfg.mixer_options or None, **kwargs)
+
+
+def _run_dir(cfg: TrainConfig) -> Path:
+    if cfg.out:
+        return Path(cfg.out)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}"
+
+
+def _meta(cfg: TrainConfig, img_size: int, num_classes: int, in_chans: int, epoch: int, val_acc: float) -> dict:
+    return {"model": cfg.model, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
+            "model_options": cfg.model_options, "img_size": img_size, "num_classes": num_classes,
+            "in_chans": in_chans, "data": cfg.data, "epoch": epoch, "val_acc": val_acc}
+
+
+def _summary_table(history) -> str:
+    head = f"{'epoch':>5} {'train loss':>10} {'train acc':>9} {'val loss':>9} {'val acc':>8} {'img/s':>8} {'sec':>6}"
+    lines = [head, "-" * len(head)]
+    for h in history:
+        tacc = f"{h['train_acc']:.2f}" if h["train_acc"] is not None else "n/a"
+        lines.append(f"{h['epoch']:>5} {h['train_loss']:>10.4f} {tacc:>9} {h['val_loss']:>9.4f} "
+                     f"{h['val_acc']:>8.2f} {h['images_per_s']:>8.0f} {h['epoch_seconds']:>6.1f}")
+    return "\n".join(lines)
+
+
+def train(cfg: TrainConfig, log=print) -> dict:
+    """Train ``cfg.model`` on ``cfg.data``; returns a summary dict (also written to ``summary.json``).
+
+    Everything that can fail on bad input (model, mixer, data, image size, resume state) is checked
+    before the run directory is created, and an existing run is never overwritten without ``resume``.
+    """
+    info = init_distributed(cfg.device)
+    try:
+        return _train(cfg, info, log if info.is_main else (lambda *a, **k: None))
+    finally:
+        cleanup(info)
+
+
+def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
+    if cfg.epochs <= 0 or cfg.batch_size <= 0:
+        raise ValueError("--epochs and --batch-size must be positive")
+    seed_everything(cfg.seed + info.rank)
+    img_size = cfg.img_size or default_img_size(cfg.model)
+    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download)
+    model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size).to(info.device)
+    run_dir = _run_dir(cfg)
+    if (run_dir / "config.yaml").exists() and not cfg.resume:
+        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+
+    sampler = DistributedSampler(train_set, seed=cfg.seed) if info.enabled else None
+    val_sampler = DistributedSampler(val_set, shuffle=False) if info.enabled else None
+    train_loader, val_loader = build_loaders(train_set, val_set, cfg.batch_size, cfg.workers, cfg.seed,
+                                             sampler, val_sampler)
+    # Linear LR scaling with the global batch (reference batch 512), as DeiT does.
+    lr = cfg.lr * cfg.batch_size * info.world_size / 512 if info.enabled else cfg.lr
+    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = len(train_loader)
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    scheduler = CosineLRScheduler(optimizer, t_initial=max(total_steps, 1), lr_min=cfg.min_lr,
+                                  warmup_t=int(cfg.warmup_epochs * steps_per_epoch), warmup_lr_init=lr * 0.01,
+                                  warmup_prefix=True, t_in_epochs=False)
+    mixup_fn = None
+    if cfg.mixup > 0 or cfg.cutmix > 0:
+        mixup_fn = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
+                         num_classes=data_info.num_classes)
+        loss_fn = SoftTargetCrossEntropy()
+    else:
+        loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing > 0 else nn.CrossEntropyLoss()
+
+    start_epoch, step, best_acc, history = 0, 0, -1.0, []
+    if cfg.resume:
+        state = load_state(run_dir / "state.pt")
+        weights, _ = load_weights(run_dir / "last.safetensors")
+        load_into(model, weights, f"{run_dir}/last.safetensors")
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch, step, best_acc = int(state["epoch"]), int(state["step"]), float(state["best_acc"])
+        torch.set_rng_state(state["rng"])
+        history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        history = history[:start_epoch]
+        scheduler.step_update(num_updates=step)
+
+    if info.enabled:
+        device_ids = [info.device.index] if info.device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    n_params = sum(p.numel() for p in unwrap(model).parameters())
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg.save(run_dir / "config.yaml")
+        (run_dir / "config.yaml").write_text(
+            (run_dir / "config.yaml").read_text() + f"# resolved: img_size={img_size} world_size={info.world_size}\n")
+    log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
+        f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {cfg.epochs} epochs, "
+        f"device={info.device}, world={info.world_size}; run dir {run_dir}")
+
+    t0 = time.perf_counter()
+    epoch = start_epoch
+    for epoch in range(start_epoch, cfg.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        metrics, step = train_one_epoch(model, train_loader, loss_fn, optimizer, scheduler, epoch=epoch,
+                                        epochs=cfg.epochs, info=info, step=step, mixup_fn=mixup_fn,
+                                        clip_grad=cfg.clip_grad, amp=cfg.amp, max_steps=cfg.max_steps)
+        metrics.update(evaluate(model, val_loader, info, cfg.amp))
+        metrics["epoch"] = epoch + 1
+        history.append(metrics)
+        if info.is_main:
+            _save_epoch(cfg, run_dir, model, optimizer, metrics, history, step, best_acc, img_size, data_info)
+        best_acc = max(best_acc, metrics["val_acc"])
+        log(f"epoch {epoch + 1:>3}/{cfg.epochs}: train loss {metrics['train_loss']:.4f}, "
+            f"val loss {metrics['val_loss']:.4f}, val acc {metrics['val_acc']:.2f}%, "
+            f"{metrics['images_per_s']:.0f} img/s")
+        if cfg.max_steps is not None and step >= cfg.max_steps:
+            break
+
+    summary = {"run_dir": str(run_dir), "model": cfg.model, "mixer": cfg.mixer, "data": cfg.data,
+               "params": n_params, "epochs_run": len(history), "steps": step,
+               "final_val_acc": history[-1]["val_acc"] if history else None,
+               "best_val_acc": max((h["val_acc"] for h in history), default=None),
+               "train_seconds": time.perf_counter() - t0}
+    if info.is_main and history:
+        plot_curves(history, run_dir / "curves.png", f"{cfg.model} ({cfg.mixer or 'default'}) on {cfg.data}")
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        log("\n" + _summary_table(history))
+        log(f"\nfinal val accuracy {summary['final_val_acc']:.2f}% (best {summary['best_val_acc']:.2f}%) "
+            f"in {summary['train_seconds']:.0f}s; run directory: {run_dir}")
+    return summary
+
+
+def _save_epoch(cfg, run_dir, model, optimizer, metrics, history, step, best_acc, img_size, data_info):
+    meta = _meta(cfg, img_size, data_info.num_classes, data_info.in_chans, metrics["epoch"], metrics["val_acc"])
+    save_weights(model, run_dir / "last.safetensors", meta)
+    if metrics["val_acc"] > best_acc:
+        save_weights(model, run_dir / "best.safetensors", meta)
+    save_state(run_dir / "state.pt", {
+        "optimizer": optimizer.state_dict(), "epoch": metrics["epoch"], "step": step,
+        "best_acc": max(best_acc, metrics["val_acc"]), "rng": torch.get_rng_state(),
+    })
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+
+
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint file, or a run directory (its ``best.safetensors``)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("best.safetensors", "last.safetensors"):
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"{path} is a directory without best.safetensors or last.safetensors")
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return path
+
+
+def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Optional[str] = None,
+                        batch_size: int = 128, device: Optional[str] = None, amp: bool = False) -> dict:
+    """Rebuild the model recorded in a vitmix checkpoint and measure it on ``data``'s validation split."""
+    path = resolve_checkpoint(checkpoint)
+    state, meta = load_weights(path)
+    if "model" not in meta:
+        raise ValueError(f"{path} has no vitmix metadata (model name, mixer); was it written by vitmix train?")
+    data = data or meta.get("data")
+    cfg = TrainConfig(model=meta["model"], mixer=meta.get("mixer"), mixer_options=meta.get("mixer_options") or {},
+                      model_options=meta.get("model_options") or {})
+    img_size = int(meta["img_size"])
+    _, val_set, data_info = build_datasets(data, img_size, data_dir, augment=False)
+    if data_info.num_classes != meta["num_classes"] or data_info.in_chans != meta["in_chans"]:
+        raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
+                         f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
+    info = DistInfo(device=torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    model = build_model(cfg, meta["num_classes"], meta["in_chans"], img_size).to(info.device)
+    load_into(model, state, str(path))
+    _, val_loader = build_loaders(val_set, val_set, batch_size)
+    result = evaluate(model, val_loader, info, amp)
+    result.update(checkpoint=str(path), model=meta["model"], mixer=meta.get("mixer"), data=data)
+    return result

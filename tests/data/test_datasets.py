@@ -1,0 +1,85 @@
+"""Datasets: the embedded digits split, Fashion-MNIST idx reading, and clear errors for missing data."""
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vitmix.data import build_datasets
+from vitmix.data.datasets import FASHION_MNIST_SYSTEM_DIR
+from vitmix.data.idx import read_idx
+
+
+def test_digits_split_is_fixed_stratified_and_resized():
+    train, val, info = build_datasets("digits", img_size=24)
+    assert (len(train), len(val)) == (1437, 360) and info.num_classes == 10 and info.in_chans == 1
+    again = build_datasets("digits", img_size=24)[1]
+    np.testing.assert_array_equal(val.labels, again.labels)
+    assert np.bincount(val.labels).min() >= 35  # stratified: every class ~36 of 360
+    image, label = val[0]
+    assert tuple(image.shape) == (1, 24, 24) and 0 <= label < 10
+
+
+def _write_idx(path: Path, array: np.ndarray, gz: bool):
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    (gzip.open if gz else open)(path, "wb").write(data)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_fashion_mnist_reads_raw_idx_from_data_dir(tmp_path, gz):
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if gz else ""
+    for split, n in (("train", 12), ("t10k", 5)):
+        _write_idx(tmp_path / f"{split}-images-idx3-ubyte{suffix}", rng.integers(0, 255, (n, 28, 28)), gz)
+        _write_idx(tmp_path / f"{split}-labels-idx1-ubyte{suffix}", rng.integers(0, 10, (n,)), gz)
+    train, val, info = build_datasets("fashion-mnist", img_size=32, data_dir=str(tmp_path))
+    assert (len(train), len(val)) == (12, 5) and info.classes[9] == "Ankle boot"
+    assert tuple(train[3][0].shape) == (1, 32, 32)
+
+
+def test_fashion_mnist_system_package_is_read_when_installed():
+    # CI installs Debian's dataset-fashion-mnist (see .ci/run), so this path is exercised there.
+    assert FASHION_MNIST_SYSTEM_DIR.is_dir(), "run `apt-get install dataset-fashion-mnist` (as .ci/run does)"
+    train, val, _ = build_datasets("fashion-mnist", img_size=28)
+    assert (len(train), len(val)) == (60000, 10000)
+    assert set(np.unique(val.labels)) == set(range(10))
+
+
+def test_missing_fashion_mnist_says_where_it_looked_and_how_to_get_it(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError) as err:
+        build_datasets("fashion-mnist", img_size=28, data_dir=str(missing))
+    message = str(err.value)
+    assert str(missing) in message and "apt-get install dataset-fashion-mnist" in message and "--download" in message
+
+
+def test_missing_cifar_and_imagefolder_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--download"):
+        build_datasets("cifar10", img_size=32, data_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="train/"):
+        build_datasets("imagefolder", img_size=32, data_dir=str(tmp_path))
+
+
+def test_imagefolder_reads_class_folders(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(2):
+                Image.new("RGB", (20, 16), (i * 90, 10, 200)).save(tmp_path / split / cls / f"{i}.png")
+    train, val, info = build_datasets("imagefolder", img_size=16, data_dir=str(tmp_path))
+    assert info.classes == ("cat", "dog") and len(train) == 4 and tuple(val[0][0].shape) == (3, 16, 16)
+
+
+def test_unknown_dataset_suggests_close_names():
+    with pytest.raises(ValueError, match="Did you mean: digits"):
+        build_datasets("digit", img_size=32)
+
+
+def test_corrupt_idx_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "x-idx3-ubyte"
+    bad.write_bytes(b"not an idx file at all")
+    with pytest.raises(ValueError, match="not an IDX file"):
+        read_idx(bad)

@@ -1,0 +1,31 @@
+"""Every subcommand has working --help; listings show what is registered."""
+import pytest
+
+from vitmix import list_mixers
+from vitmix.cli import build_parser, main
+
+
+def _subcommands():
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)
+
+
+@pytest.mark.parametrize("command", _subcommands())
+def test_help_for_every_subcommand(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert command in capsys.readouterr().out
+
+
+def test_core_subcommands_exist():
+    assert {"train", "eval", "models", "mixers"} <= set(_subcommands())
+
+
+def test_listings(capsys):
+    assert main(["mixers"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in list_mixers())
+    assert main(["models", "nano"]) == 0
+    assert "vit_nano_patch4_32" in capsys.readouterr().out

@@ -1,0 +1,122 @@
+"""Training smoke tests: loss goes down, the run directory is complete, eval reloads it, resume works."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vitmix.cli import main
+from vitmix.train import TrainConfig, evaluate_checkpoint, train
+from vitmix.train.checkpoint import load_state
+
+TINY = dict(model="vit_nano_patch4_32", data="digits", img_size=16, batch_size=64, lr=3e-3, warmup_epochs=0.2,
+            model_options={"depth": 2, "embed_dim": 64, "num_heads": 2}, mixer="softmax")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    summary = train(TrainConfig(**TINY, epochs=3, out=str(out)), log=lambda *a: None)
+    return out, summary
+
+
+def test_loss_goes_down_and_run_directory_is_complete(run):
+    out, summary = run
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(history) == 3
+    assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.1
+    for name in ("config.yaml", "metrics.jsonl", "best.safetensors", "last.safetensors", "state.pt",
+                 "curves.png", "summary.json"):
+        assert (out / name).is_file(), name
+    assert TrainConfig.load(out / "config.yaml").model_options == TINY["model_options"]
+    assert summary["best_val_acc"] == max(h["val_acc"] for h in history)
+    assert set(load_state(out / "state.pt")) >= {"optimizer", "epoch", "step", "rng"}
+
+
+def test_eval_reloads_the_best_checkpoint(run, capsys):
+    out, summary = run
+    result = evaluate_checkpoint(out)
+    assert result["val_acc"] == pytest.approx(summary["best_val_acc"])
+    assert main(["eval", "--checkpoint", str(out / "last.safetensors")]) == 0
+    assert "val acc" in capsys.readouterr().out
+
+
+def test_cpu_runs_repeat_exactly_with_the_same_seed(tmp_path):
+    cfg = dict(TINY, epochs=1, max_steps=4, seed=3)
+    a = train(TrainConfig(**cfg, out=str(tmp_path / "a")), log=lambda *a: None)
+    b = train(TrainConfig(**cfg, out=str(tmp_path / "b")), log=lambda *a: None)
+    ma = json.loads((tmp_path / "a" / "metrics.jsonl").read_text())
+    mb = json.loads((tmp_path / "b" / "metrics.jsonl").read_text())
+    assert ma["train_loss"] == mb["train_loss"] and a["final_val_acc"] == b["final_val_acc"]
+
+
+def test_resume_continues_and_existing_runs_are_not_overwritten(tmp_path):
+    out = tmp_path / "r"
+    train(TrainConfig(**TINY, epochs=1, out=str(out)), log=lambda *a: None)
+    before = (out / "last.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="--resume"):
+        train(TrainConfig(**TINY, epochs=2, out=str(out)), log=lambda *a: None)
+    assert (out / "last.safetensors").read_bytes() == before  # nothing written was lost
+    summary = train(TrainConfig(**TINY, epochs=2, out=str(out), resume=True), log=lambda *a: None)
+    assert summary["epochs_run"] == 2
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
+    assert main(["train", "--model", "vit_nano_patch4_3", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "Did you mean: vit_nano_patch4_32" in err and "Traceback" not in err and err.count("\n") == 1
+    assert main(["train", "--img-size", "30", "--out", str(tmp_path / "y")]) == 2
+    assert "not divisible" in capsys.readouterr().err
+    assert main(["train", "--mixer", "softmx", "--out", str(tmp_path / "z")]) == 2
+    assert "Did you mean: softmax" in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in "xyz")  # bad input creates no run directory
+
+
+def test_mismatched_and_corrupt_checkpoints_are_clear_errors(run, tmp_path):
+    out, _ = run
+    from vitmix.models import create_model
+    from vitmix.train.checkpoint import load_into, load_weights
+
+    state, _ = load_weights(out / "best.safetensors")
+    wider = create_model("vit_nano_patch4_32", img_size=16, in_chans=1, depth=2, embed_dim=96, num_heads=2)
+    with pytest.raises(ValueError, match="does not match the model"):
+        load_into(wider, state)
+    corrupt = tmp_path / "bad.safetensors"
+    corrupt.write_bytes((out / "best.safetensors").read_bytes()[:100])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        evaluate_checkpoint(corrupt)
+    bad_state = tmp_path / "state.pt"
+    torch.save({"evil": torch.nn.Linear(2, 2)}, bad_state)  # a pickled module: refused by weights_only
+    with pytest.raises(ValueError, match="not a loadable training state"):
+        load_state(bad_state)
+
+
+def test_config_file_and_flags_combine(tmp_path):
+    from vitmix.cli import build_parser
+    from vitmix.train.cli import config_from_args
+
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("epochs: 7\nlr: 0.01\nmixer_options: {fused: false}\n")
+    args = build_parser().parse_args(["train", "--config", str(cfg_file), "--lr", "0.5", "-M", "fused=true"])
+    cfg = config_from_args(args)
+    assert (cfg.epochs, cfg.lr, cfg.mixer_options) == (7, 0.5, {"fused": True})
+    cfg_file.write_text("epohcs: 7\n")
+    with pytest.raises(ValueError, match="Did you mean: epochs"):
+        config_from_args(build_parser().parse_args(["train", "--config", str(cfg_file)]))
+
+
+def test_torchrun_two_process_cpu_training(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "vitmix.cli", "train", "--model", "vit_nano_patch4_32", "--img-size", "16", "--data", "digits",
+           "--epochs", "1", "--max-steps", "3", "--batch-size", "32", "--model-option", "depth=1",
+           "--model-option", "embed_dim=32", "--model-option", "num_heads=2", "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TQDM_DISABLE="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "world=2" in proc.stdout
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["val_images"] == 360  # both ranks' validation shards are summed
