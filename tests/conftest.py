@@ -6,7 +6,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist each worker gets one thread, so two workers don't oversubscribe two cores.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(autouse=True)

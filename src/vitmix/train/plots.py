@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def plot_curves(history: List[dict], path: Path, title: str = "") -> None:
@@ -23,6 +24,7 @@ def plot_curves(history: List[dict], path: Path, title: str = "") -> None:
     ax_acc.set(xlabel="epoch", ylabel="top-1 accuracy (%)", title="accuracy")
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
     if title:
         fig.suptitle(title)
