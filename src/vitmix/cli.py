@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, FloatingPointError) as err:
         print(f"vitmix {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

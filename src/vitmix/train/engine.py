@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Optional
 
@@ -10,6 +11,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .distributed import DistInfo, all_reduce_sum
+
+
+def _quiet(info: DistInfo) -> bool:
+    """Progress bars only on rank 0, and never when TQDM_DISABLE is set (CI logs, tests)."""
+    return not info.is_main or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
 
 
 def autocast(device: torch.device, enabled: bool):
@@ -26,7 +32,7 @@ def train_one_epoch(model: nn.Module, loader, loss_fn, optimizer, scheduler, *, 
     model.train()
     loss_sum = correct = seen = 0.0
     start = time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, disable=not info.is_main,
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, disable=_quiet(info),
                dynamic_ncols=True)
     for images, targets in bar:
         if max_steps is not None and step >= max_steps:
@@ -75,7 +81,7 @@ def evaluate(model: nn.Module, loader, info: DistInfo, amp: bool = False, desc: 
     model.eval()
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     loss_sum = correct = seen = 0.0
-    for images, targets in tqdm(loader, desc=desc, leave=False, disable=not info.is_main, dynamic_ncols=True):
+    for images, targets in tqdm(loader, desc=desc, leave=False, disable=_quiet(info), dynamic_ncols=True):
         images, targets = images.to(info.device), targets.to(info.device)
         with autocast(info.device, amp):
             logits = model(images).float()
