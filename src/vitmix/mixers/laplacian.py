@@ -1,0 +1,287 @@
+"""LaplacianFormer attention: Laplacian kernel, Nyström landmarks, Newton–Schulz, injective map.
+
+Reconstruction of LaplacianFormer (Feng et al., ICLR 2026, arXiv 2604.20368); only the abstract and
+the authors' CUDA operators are public, so several choices are vitmix's own. Each is an option and
+documented in ``docs/soft-laplacianformer.md``:
+
+* **kernel** ``k(x, y) = exp(-‖x - y‖₁ / λ)``, ``λ = 4`` (``lam``) [paper / student re-implementation];
+* **input scaling** (not public): queries and keys are multiplied by ``qk_scale``, default
+  ``d^(-1/2)``. The L1 distance of ``d``-dim vectors grows like ``d·E|Δ|``, so unscaled features
+  drive the kernel values towards ``e^{-d/λ}`` and the landmark matrix towards ``εI``;
+  ``d^(-1/2)`` plays the role of softmax's ``1/√d``. ``qk_scale=1.0`` gives the raw kernel;
+  ``qk_norm=True`` adds a per-head LayerNorm on ``q`` and ``k`` before the scaling;
+* **separate** ``Q`` and ``K`` projections (one fused ``qkv`` linear, as timm);
+* **landmarks** by average pooling ``r×r`` with stride ``r`` (``pool_ratio``) of the grid queries and
+  keys, or adaptive average pooling to a fixed count (``num_landmarks``);
+* ``Ĝ = K(Q, K̃) · NS(K(Q̃, K̃)) · K(Q̃, K)`` evaluated right to left; the landmark matrix is not
+  symmetric, so Newton–Schulz starts from ``α·Pᵀ`` with a safe per-matrix ``α`` (see ``vitmix.ops``);
+* the **injective normalised feature map** (default ``normalize=True``): each row is centred by
+  its mean over keys, each key column is divided by ``√(var over queries + norm_eps)``, and
+  ``1/N`` is added; computed in linear time by :func:`vitmix.ops.nystrom_attention`. By default
+  (``norm_scale="tokens"``) the whitened part is divided by N so the map is an average plus a
+  contrast term (``"none"``: the formula as reconstructed, which trains poorly; see the docs).
+  ``normalize=False`` is the un-normalised ablation;
+* a **local depthwise convolution** on ``V`` (not public): default per-channel ``3×3`` with bias
+  (``conv_groups="channel"``, as PVT-style re-implementations); ``"head"`` gives SOFT's per-head
+  filter shared by a head's channels; ``conv_kernel=0`` disables it;
+* optional 2-D axial **RoPE** on the grid queries and keys (``rope=True``), reported by secondary
+  sources for the paper's backbone.
+
+Prefix tokens (CLS/registers) are ordinary queries and keys; the landmarks, RoPE and the local
+convolution use the grid tokens only.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ops
+from .base import TokenMixer, resolve_grid
+from .registry import register_mixer
+from .soft import (
+    LandmarkCount, check_choice, check_grid, grid_channels_first, head_conv, landmark_grid,
+    merge_heads, reject_unsupported, tokens_from_channels_first,
+)
+
+
+def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -> torch.Tensor:
+    """2-D axial rotary embedding of the grid tokens of ``t (B, heads, P + H*W, d)``.
+
+    The first ``d/2`` channels rotate with the row index, the last ``d/2`` with the column index
+    (``d/4`` frequencies ``base^(-j/(d/4))`` each, rotate-half pairing). Prefix tokens are unchanged.
+    """
+    d = t.shape[-1]
+    quarter = d // 4
+    freqs = base ** (-torch.arange(quarter, device=t.device, dtype=torch.float32) / quarter)
+    rows = torch.arange(h, device=t.device, dtype=torch.float32)[:, None].expand(h, w).reshape(-1)
+    cols = torch.arange(w, device=t.device, dtype=torch.float32)[None, :].expand(h, w).reshape(-1)
+    ang = torch.cat([rows[:, None] * freqs, cols[:, None] * freqs], dim=-1)  # (HW, d/2)
+    cos, sin = ang.cos().to(t.dtype), ang.sin().to(t.dtype)
+    g = t[:, :, prefix:]
+    g1, g2 = g[..., : d // 2], g[..., d // 2:]  # pairs (g1_j, g2_j) share angle j
+    rot = torch.cat([g1 * cos - g2 * sin, g1 * sin + g2 * cos], dim=-1)
+    return rot if prefix == 0 else torch.cat([t[:, :, :prefix], rot], dim=2)
+
+
+@register_mixer("laplacian")
+class LaplacianAttention(TokenMixer):
+    """LaplacianFormer attention (see the module docstring for each design choice).
+
+    Args:
+        dim, num_heads: channels and heads.
+        qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer: timm's meaning (``qk_norm`` uses
+            ``norm_layer`` or LayerNorm on each head's ``q`` and ``k``).
+        pool_ratio: landmark pooling ratio ``r`` on the token grid (per stage 8 / 4 / 2 / 1 in the
+            pyramid). The default 2 gives m = 16 landmarks on an 8×8 grid, 49 on 14×14.
+        num_landmarks: fixed landmark count by adaptive average pooling (a perfect square or
+            ``(mh, mw)``); overrides ``pool_ratio``. Keeps m (and the cost per token) constant at
+            high resolution.
+        lam: Laplacian kernel bandwidth λ (default 4).
+        qk_scale: multiplier of ``q`` and ``k`` before the L1 distance; ``None`` → ``d^(-1/2)``.
+        normalize: apply the injective normalised feature map (default) or not (ablation).
+        norm_eps: ε under the column-variance square root of the normalisation.
+        norm_scale: ``"tokens"`` (default) divides the whitened part of the map by N, so that
+            ``ZV = mean(V) + (R·D^(-1/2)·V)/N`` (an average plus a unit-scale contrast; still
+            injective); ``"none"`` is the reconstructed paper formula ``Z = R·D^(-1/2) + 1/N``, whose
+            ``√N``-sized outputs give ~20x larger gradients at initialisation and train poorly
+            with gradient clipping (see ``docs/soft-laplacianformer.md``).
+        newton_iters, newton_eps: Newton–Schulz iterations (20) and diagonal perturbation (0.01).
+        newton_alpha: ``"safe"`` (default: start ``α·Pᵀ``, ``α = 1/(‖P‖₁‖P‖∞)`` for the
+            non-symmetric landmark matrix ``P = W + εI``) or ``"official"`` (the authors' CUDA:
+            ``V₀ = α·P``, ``α = 1.8/‖W‖∞²``, which can diverge for tiny kernel values).
+        inverse: ``"newton"`` (default) or ``"exact"`` (linear solve; analysis).
+        conv_kernel: local depthwise conv size on ``V`` (default 3; 0/None disables).
+        conv_groups: ``"channel"`` (per-channel depthwise with bias, default) or ``"head"`` (SOFT's
+            per-head filter shared across the head's channels, no bias).
+        rope: apply 2-D axial RoPE to grid queries and keys (needs ``head_dim % 4 == 0``).
+        rope_base: RoPE frequency base.
+        grid_remainder: ``"error"`` (default) or ``"floor"`` when the grid is not divisible by
+            ``pool_ratio``.
+        hw, num_prefix_tokens: the token grid (see :class:`~vitmix.mixers.base.TokenMixer`).
+
+    ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
+    """
+
+    spatial = True
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[type] = None,
+        *,
+        pool_ratio: int = 2,
+        num_landmarks: LandmarkCount = None,
+        lam: float = 4.0,
+        qk_scale: Optional[float] = None,
+        normalize: bool = True,
+        norm_eps: float = 1e-6,
+        norm_scale: str = "tokens",
+        newton_iters: int = 20,
+        newton_eps: float = 0.01,
+        newton_alpha: str = "safe",
+        inverse: str = "newton",
+        conv_kernel: Optional[int] = 3,
+        conv_groups: str = "channel",
+        rope: bool = False,
+        rope_base: float = 100.0,
+        grid_remainder: str = "error",
+        **kwargs,
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
+                         norm_layer, **kwargs)
+        name = type(self).__name__
+        reject_unsupported(name, False, scale_norm, attn_drop)
+        check_choice("inverse", inverse, ("newton", "exact"))
+        check_choice("newton_alpha", newton_alpha, ("safe", "official"))
+        check_choice("conv_groups", conv_groups, ("channel", "head"))
+        check_choice("norm_scale", norm_scale, ("none", "tokens"))
+        check_choice("grid_remainder", grid_remainder, ("error", "floor"))
+        if int(pool_ratio) < 1:
+            raise ValueError(f"pool_ratio={pool_ratio} must be >= 1")
+        if not lam > 0:
+            raise ValueError(f"lam={lam} must be > 0 (the Laplacian kernel bandwidth)")
+        if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
+            raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
+        if int(newton_iters) < 0 or float(newton_eps) < 0:
+            raise ValueError(f"newton_iters={newton_iters} and newton_eps={newton_eps} must be >= 0")
+        d, h = self.head_dim, num_heads
+        if rope and d % 4:
+            raise ValueError(f"rope=True needs head_dim divisible by 4, got head_dim={d} (dim={dim}, "
+                             f"num_heads={num_heads}); change num_heads or set rope=False")
+        self.pool_ratio = int(pool_ratio)
+        self.landmark_hw = landmark_grid(num_landmarks)
+        self.lam = float(lam)
+        self.qk_scale = float(qk_scale) if qk_scale is not None else d ** -0.5
+        if not self.qk_scale > 0:
+            raise ValueError(f"qk_scale={qk_scale} must be > 0 (None gives head_dim ** -0.5)")
+        self.qk_normed = bool(qk_norm)
+        self.normalize = bool(normalize)
+        self.norm_eps = float(norm_eps)
+        self.norm_scale = norm_scale
+        self.newton_iters = int(newton_iters)
+        self.newton_eps = float(newton_eps)
+        self.newton_alpha = newton_alpha
+        self.inverse = inverse
+        self.conv_kernel = int(conv_kernel or 0)
+        self.conv_groups = conv_groups
+        self.rope = bool(rope)
+        self.rope_base = float(rope_base)
+        self.grid_remainder = grid_remainder
+
+        norm_layer = norm_layer or nn.LayerNorm
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(d) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(d) if qk_norm else nn.Identity()
+        if self.conv_kernel:
+            k = self.conv_kernel
+            if conv_groups == "channel":
+                self.conv = nn.Conv2d(dim, dim, kernel_size=k, padding=k // 2, groups=dim, bias=True)
+            else:
+                self.conv = nn.Conv2d(h, h, kernel_size=k, padding=k // 2, groups=h, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def extra_repr(self) -> str:
+        m = f"num_landmarks={self.landmark_hw}" if self.landmark_hw else f"pool_ratio={self.pool_ratio}"
+        return (f"heads={self.num_heads}, head_dim={self.head_dim}, {m}, lam={self.lam}, "
+                f"qk_scale={self.qk_scale:.4g}, normalize={self.normalize}, rope={self.rope}")
+
+    # -- pieces --------------------------------------------------------------------------------
+    def _pool_map(self, g: torch.Tensor) -> torch.Tensor:
+        """Landmark pooling of a channels-first grid ``(B', C', H, W)``."""
+        if self.landmark_hw is not None:
+            return F.adaptive_avg_pool2d(g, self.landmark_hw)
+        if self.pool_ratio > 1:
+            return F.avg_pool2d(g, self.pool_ratio, self.pool_ratio)
+        return g
+
+    def _pool(self, t: torch.Tensor, grid) -> torch.Tensor:
+        """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""
+        prefix, h, w = grid
+        g = self._pool_map(grid_channels_first(t, prefix, h, w))
+        return tokens_from_channels_first(g, t.shape[0], t.shape[1])
+
+    def _project(self, x: torch.Tensor, grid):
+        """``q, k, v`` ``(B, heads, N, d)`` (unscaled: ``qk_scale`` is folded into λ), the landmarks
+        ``(B, heads, m, d)`` of ``q`` and ``k``, and the fused ``qkv`` output ``(B, N, 3C)``."""
+        prefix, h, w = grid
+        b, n, c = x.shape
+        nh, d = self.num_heads, self.head_dim
+        check_grid(type(self).__name__, h, w, self.pool_ratio, self.landmark_hw, self.grid_remainder,
+                   "pool_ratio")
+        y = self.qkv(x)
+        q, k, v = y.view(b, n, 3, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
+        m = (self.landmark_hw[0] * self.landmark_hw[1] if self.landmark_hw is not None
+             else (h // self.pool_ratio) * (w // self.pool_ratio))
+        if self.rope or self.qk_normed or n < 8 * m:
+            q, k = self.q_norm(q), self.k_norm(k)
+            if self.rope:
+                q, k = rope_2d(q, prefix, h, w, self.rope_base), rope_2d(k, prefix, h, w, self.rope_base)
+            return q, k, v, self._pool(q, grid), self._pool(k, grid), y
+        # average pooling commutes with the affine projection: pool the C-channel input once and
+        # project the m pooled tokens (no pooling of q and k, no copies of them). Only when
+        # N >= 8m, where the extra m·C·2C multiply-adds are cheaper than pooling q and k.
+        xg = x[:, prefix:].reshape(b, h, w, c).permute(0, 3, 1, 2)
+        xl = self._pool_map(xg).flatten(2).transpose(1, 2)                  # (B, m, C)
+        bias = self.qkv.bias[: 2 * c] if self.qkv.bias is not None else None
+        lm = F.linear(xl, self.qkv.weight[: 2 * c], bias)
+        lq, lk = lm.view(b, -1, 2, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v, lq, lk, y
+
+    def _attend(self, q, k, v, lq, lk):
+        out = ops.nystrom_attention(
+            q, k, v, lq, lk, kernel="laplacian", lam=self.lam / self.qk_scale,  # exp(-|sq - sk|/λ)
+            iters=self.newton_iters, eps=self.newton_eps, alpha=self.newton_alpha, inverse=self.inverse,
+            normalization="injective" if self.normalize else None, norm_eps=self.norm_eps,
+        )
+        if self.normalize and self.norm_scale == "tokens":
+            # Z = R·D^(-1/2) + 1/N  →  R·D^(-1/2)/N + 1/N: ZV = mean(V) + (whitened part)/N
+            mean_v = v.mean(-2, keepdim=True).to(out.dtype)
+            out = (out - mean_v) / v.shape[-2] + mean_v
+        return out
+
+    def _local(self, y: torch.Tensor, v: torch.Tensor, grid) -> torch.Tensor:
+        """The depthwise conv of the grid values, as ``(B, H*W, C)``."""
+        prefix, h, w = grid
+        b, n, c3 = y.shape
+        c = c3 // 3
+        if self.conv_groups == "head":
+            return merge_heads(head_conv(self.conv, v, prefix, h, w))
+        vg = y[:, prefix:, 2 * c:].reshape(b, h, w, c).permute(0, 3, 1, 2)
+        out = self.conv(vg.contiguous(memory_format=torch.channels_last))
+        return out.permute(0, 2, 3, 1).reshape(b, h * w, c)
+
+    def mix(self, x, grid, attn_mask=None, is_causal=False):
+        q, k, v, lq, lk, y = self._project(x, grid)
+        out = merge_heads(self._attend(q, k, v, lq, lk))
+        if self.conv_kernel:
+            prefix = grid[0]
+            local = self._local(y, v, grid).to(out.dtype)
+            out = out + local if prefix == 0 else torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
+        return self.proj_drop(self.proj(out))
+
+    @torch.no_grad()
+    def attention_map(self, x: torch.Tensor, hw=None, num_prefix_tokens=None, **_) -> torch.Tensor:
+        """Effective ``(B, heads, N, N)`` token weights (normalised map included; local conv not).
+
+        O(N²): for analysis only.
+        """
+        hw = hw if hw is not None else self.hw
+        prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
+        grid = resolve_grid(x.shape[1], hw, prefix)
+        q, k, _, lq, lk, _ = self._project(x, grid)
+        eye = torch.eye(x.shape[1], dtype=q.dtype, device=q.device).expand(q.shape[0], self.num_heads, -1, -1)
+        return self._attend(q, k, eye, lq, lk)
+
+
+__all__ = ["LaplacianAttention", "rope_2d"]

@@ -1,0 +1,190 @@
+"""Newton–Schulz (Newton–Raphson) matrix inverse, batched, with the implicit backward of SOFT.
+
+For ``P = A + eps·I`` the iteration ``V <- 2V - V P V`` converges quadratically to ``P^{-1}`` when
+the start ``V0`` makes the eigenvalues of ``V0 P`` lie in ``(0, 2)``. :func:`newton_schulz_inverse`
+chooses ``V0`` per matrix:
+
+``alpha="safe"`` (default)
+    * symmetric ``A`` (detected per matrix, or forced with ``symmetric=True``): ``V0 = α P`` with
+      ``α = 1.8 / ||P||_∞²``, ``||P||_∞`` the largest absolute row sum of the **perturbed** ``P``.
+      Since ``|λ(P)| <= ||P||_∞`` the eigenvalues ``α λ²`` of ``V0 P`` lie in ``(0, 1.8]``. Taking the
+      norm of ``P`` rather than of ``A`` keeps ``α`` bounded when the kernel values are tiny and the
+      ``eps·I`` dominates (the divergence fixed in LaplacianFormer's third-party commit bf89660).
+    * non-symmetric ``A`` (e.g. LaplacianFormer's ``K(L_q, L_k)`` with untied landmarks):
+      ``V0 = α Pᵀ`` with ``α = 1 / (||P||_1 ||P||_∞)``; then ``V0 P = α PᵀP`` has eigenvalues
+      ``α σ² <= 1`` because ``σ_max² <= ||P||_1 ||P||_∞``.
+
+``alpha="official"``
+    Reproduces SOFT's ``newton_inverse_kernel`` and LaplacianFormer's ``NewtonInverse`` CUDA op:
+    ``α = 1.8 / (max_i Σ_j A_ij)²`` from the **unperturbed** ``A`` and ``V0 = α P`` whatever the
+    symmetry (``symmetric`` is ignored). Use it to match released checkpoints.
+
+The forward runs without autograd; the backward is the analytic derivative of an inverse evaluated
+once at the result, ``dL/dA = -Vᵀ G Vᵀ`` (exact at convergence; with few iterations SOFT's "inverse"
+is a spectrally filtered one, and this backward is what the official code uses). Everything runs in
+float32 (float64 stays float64) with autocast disabled; half inputs give a float32 result.
+``mode="exact"`` replaces the iteration with ``torch.linalg.inv_ex(P)`` (same backward), for analysis.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+
+from ._common import check_finite_float, compute_dtype, no_autocast, single_thread_if_small
+
+__all__ = ["newton_schulz_inverse", "newton_schulz_reference"]
+
+_SYM_RTOL = 1e-5
+
+
+def _validate(name: str, A, iters, eps, symmetric, alpha, mode=None) -> Tuple[int, float]:
+    check_finite_float(f"{name}: A", A)
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise ValueError(f"{name}: A must be a batch of square matrices (..., m, m), got shape {tuple(A.shape)}")
+    if A.shape[-1] < 1:
+        raise ValueError(f"{name}: A must be at least 1x1, got shape {tuple(A.shape)}")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
+        raise ValueError(f"{name}: iters must be an int >= 0 (default 20), got {iters!r}")
+    try:
+        eps_f = float(eps)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name}: eps must be a float >= 0 (default 0.01), got {eps!r}") from err
+    if not (eps_f >= 0 and math.isfinite(eps_f)):
+        raise ValueError(f"{name}: eps must be a finite float >= 0 (default 0.01), got {eps!r}")
+    if symmetric not in (None, True, False):
+        raise ValueError(f"{name}: symmetric must be None (detect per matrix), True or False, got {symmetric!r}")
+    if alpha not in ("safe", "official"):
+        raise ValueError(f"{name}: alpha must be 'safe' (default) or 'official', got {alpha!r}")
+    if mode is not None and mode not in ("newton", "exact"):
+        raise ValueError(f"{name}: mode must be 'newton' (default) or 'exact', got {mode!r}")
+    return iters, eps_f
+
+
+def _perturb(A: torch.Tensor, eps: float) -> torch.Tensor:
+    if eps == 0.0:
+        return A.clone()
+    m = A.shape[-1]
+    return A + eps * torch.eye(m, dtype=A.dtype, device=A.device)
+
+
+def _is_symmetric(A: torch.Tensor) -> torch.Tensor:
+    """Per-matrix boolean ``(...,)``: ``max|A - Aᵀ| <= 1e-5 · max|A|`` (rounding of kernel GEMMs)."""
+    asym = (A - A.mT).abs().amax(dim=(-2, -1))
+    scale = A.abs().amax(dim=(-2, -1))
+    return asym <= _SYM_RTOL * scale
+
+
+def _start(A: torch.Tensor, P: torch.Tensor, symmetric: Optional[bool], alpha: str):
+    """Per-matrix step ``α`` and whether the start is ``αPᵀ`` (True) or ``αP`` (False); no autograd."""
+    with torch.no_grad():
+        if alpha == "official":
+            a = 1.8 / A.sum(-1).amax(-1).square()
+            return a, torch.zeros_like(a, dtype=torch.bool)
+        row = P.abs().sum(-1).amax(-1)          # ||P||_inf
+        col = P.abs().sum(-2).amax(-1)          # ||P||_1
+        if symmetric is None:
+            sym = _is_symmetric(A)
+        else:
+            sym = torch.full_like(row, bool(symmetric), dtype=torch.bool)
+        a = torch.where(sym, 1.8 / row.square(), 1.0 / (row * col))
+        return a, ~sym
+
+
+def _initial(P: torch.Tensor, a: torch.Tensor, transposed: torch.Tensor) -> torch.Tensor:
+    """``V0 = α Pᵀ`` or ``α P`` per matrix (differentiable in ``P``, ``α`` a constant)."""
+    return a[..., None, None] * torch.where(transposed[..., None, None], P.mT, P)
+
+
+def _iterate(P: torch.Tensor, V: torch.Tensor, iters: int) -> torch.Tensor:
+    shape = P.shape
+    P3 = P.reshape(-1, shape[-2], shape[-1])
+    V3 = V.reshape(-1, shape[-2], shape[-1]).contiguous()
+    for _ in range(iters):
+        # V <- 2V - V (P V)
+        V3 = torch.baddbmm(V3, V3, torch.bmm(P3, V3), beta=2.0, alpha=-1.0)
+    return V3.reshape(shape)
+
+
+def _residual(P: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+    return torch.linalg.matrix_norm(eye - P @ V)
+
+
+class _NewtonInverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, iters, eps, symmetric, alpha, mode):
+        m = A.shape[-1]
+        with torch.no_grad(), single_thread_if_small(A, A.numel() * m):
+            P = _perturb(A, eps)
+            if mode == "exact":
+                V = torch.linalg.inv_ex(P).inverse
+            else:
+                V = _iterate(P, _initial(P, *_start(A, P, symmetric, alpha)), iters)
+        ctx.save_for_backward(V)
+        return V
+
+    @staticmethod
+    def backward(ctx, g):
+        (V,) = ctx.saved_tensors
+        with no_autocast(g.device.type), single_thread_if_small(V, V.numel() * V.shape[-1]):
+            Vt = V.mT
+            gA = -(Vt @ g @ Vt)
+        return gA, None, None, None, None, None
+
+
+def newton_schulz_inverse(
+    A: torch.Tensor,
+    iters: int = 20,
+    eps: float = 0.01,
+    symmetric: Optional[bool] = None,
+    mode: str = "newton",
+    alpha: str = "safe",
+    return_residual: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Approximate ``(A + eps·I)^{-1}`` for a batch ``A: (..., m, m)`` by Newton–Schulz.
+
+    Args:
+        A: ``(..., m, m)``, batched over all leading dims (e.g. ``(B, heads, m, m)``).
+        iters: number of iterations ``V <- 2V - V P V`` (SOFT/LaplacianFormer: 20).
+        eps: diagonal perturbation, ``P = A + eps·I`` (official: 0.01).
+        symmetric: ``None`` detects per matrix (``max|A-Aᵀ| <= 1e-5·max|A|``); ``True``/``False`` forces
+            the ``αP`` / ``αPᵀ`` start (see the module docstring). Ignored by ``alpha="official"``.
+        mode: ``"newton"`` (default) or ``"exact"`` (``torch.linalg.inv_ex`` of ``P``; for analysis).
+        alpha: ``"safe"`` (default, per matrix from the perturbed ``P``) or ``"official"`` (SOFT /
+            LaplacianFormer CUDA: from the unperturbed ``A``, ``V0 = αP``).
+        return_residual: also return ``||I - P V||_F`` per matrix, shape ``(...,)`` (no gradient).
+
+    Returns:
+        ``V`` of shape ``(..., m, m)`` (float32 for half inputs), and the residual if requested.
+        The backward is ``dL/dA = -Vᵀ (dL/dV) Vᵀ``, computed once (no autograd through iterations).
+        NaN/Inf in ``A`` propagate to ``V`` (the iteration count is fixed, so nothing can hang).
+    """
+    iters, eps_f = _validate("newton_schulz_inverse", A, iters, eps, symmetric, alpha, mode)
+    with no_autocast(A.device.type):
+        Af = A.to(compute_dtype(A))
+        V = _NewtonInverse.apply(Af, iters, eps_f, symmetric, alpha, mode)
+        if return_residual:
+            with torch.no_grad():
+                return V, _residual(_perturb(Af.detach(), eps_f), V.detach())
+    return V
+
+
+def newton_schulz_reference(
+    A: torch.Tensor,
+    iters: int = 20,
+    eps: float = 0.01,
+    symmetric: Optional[bool] = None,
+    alpha: str = "safe",
+) -> torch.Tensor:
+    """Reference: the same start ``V0`` (α treated as a constant), then the plain unrolled iteration
+    ``V <- 2V - V P V`` with autograd through every step (memory O(iters·m²), gradients by unrolling)."""
+    iters, eps_f = _validate("newton_schulz_reference", A, iters, eps, symmetric, alpha)
+    with no_autocast(A.device.type):
+        Af = A.to(compute_dtype(A))
+        P = _perturb(Af, eps_f)
+        V = _initial(P, *_start(Af.detach(), P.detach(), symmetric, alpha))
+        for _ in range(iters):
+            V = 2 * V - V @ P @ V
+    return V

@@ -1,0 +1,256 @@
+"""LaplacianFormer mixer: dense reference, normalisation, landmarks, RoPE, numerics, memory, timm use."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _memory import peak_memory_mib
+from timm.models.vision_transformer import VisionTransformer
+
+import vitmix
+from vitmix import mixers
+from vitmix.mixers.laplacian import rope_2d
+from vitmix.ops.newton import newton_schulz_reference
+
+
+# ---------------------------------------------------------------------------------------------
+# dense O(N²) reference (explicit N×N matrix, injective map applied to it directly)
+# ---------------------------------------------------------------------------------------------
+def _lap(a, b, lam):
+    return torch.exp(-torch.cdist(a, b, p=1) / lam)
+
+
+def laplacian_reference(layer, x, prefix, H, W, inverse="newton"):
+    b, n, c = x.shape
+    h, d = layer.num_heads, layer.head_dim
+    q, k, v = F.linear(x, layer.qkv.weight, layer.qkv.bias).reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4)
+    if layer.rope:
+        q, k = rope_2d(q, prefix, H, W, layer.rope_base), rope_2d(k, prefix, H, W, layer.rope_base)
+    q, k = q * layer.qk_scale, k * layer.qk_scale
+
+    def pool(t):
+        g = t[:, :, prefix:].reshape(b * h, H, W, d).permute(0, 3, 1, 2)
+        g = F.adaptive_avg_pool2d(g, layer.landmark_hw) if layer.landmark_hw else F.avg_pool2d(g, layer.pool_ratio)
+        return g.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
+
+    qt, kt = pool(q), pool(k)
+    wm = _lap(qt, kt, layer.lam)
+    if inverse == "exact":
+        M = torch.linalg.inv(wm + layer.newton_eps * torch.eye(wm.shape[-1], dtype=wm.dtype))
+    else:
+        M = newton_schulz_reference(wm, iters=layer.newton_iters, eps=layer.newton_eps, symmetric=False)
+    G = _lap(q, kt, layer.lam) @ M @ _lap(qt, k, layer.lam)          # N×N
+    if layer.normalize:
+        R = G - G.mean(-1, keepdim=True)                              # centre each query row
+        sd = (R.var(-2, unbiased=False, keepdim=True) + layer.norm_eps).sqrt()  # per-key column
+        G = R / sd / (n if layer.norm_scale == "tokens" else 1) + 1.0 / n  # default: whitened part / N
+    out = G @ v
+    if layer.conv_kernel:
+        vg = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(b, h * d, H, W)
+        local = F.conv2d(vg, layer.conv.weight, layer.conv.bias, padding=layer.conv_kernel // 2, groups=c)
+        out = out.clone()
+        out[:, :, prefix:] += local.reshape(b, h, d, H * W).transpose(-1, -2)
+    out = out.transpose(1, 2).reshape(b, n, c)
+    return F.linear(out, layer.proj.weight, layer.proj.bias)
+
+
+def _make(dim=48, heads=3, **opts):
+    layer = mixers.create("laplacian", dim, heads, qkv_bias=True, **opts).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return layer
+
+
+def _grads(fn, layer, x):
+    x = x.clone().requires_grad_(True)
+    layer.zero_grad()
+    out = fn(x)
+    out.pow(2).sum().backward()
+    return out.detach(), [x.grad] + [p.grad.clone() for p in layer.parameters()]
+
+
+CASES = [  # (batch, prefix, H, W, options)
+    (1, 0, 6, 10, {}),
+    (2, 1, 6, 4, {"norm_scale": "none"}),
+    (2, 1, 8, 8, {"pool_ratio": 4}),  # N >= 8m: landmarks from the pooled input, then projected
+    (3, 1, 8, 6, {"normalize": False}),
+    (2, 1, 9, 6, {"pool_ratio": 3, "rope": True}),
+    (2, 0, 7, 5, {"num_landmarks": (3, 2), "lam": 2.0, "qk_scale": 0.5}),
+    (1, 1, 4, 4, {"pool_ratio": 1, "conv_kernel": 5}),
+]
+
+
+@pytest.mark.parametrize("batch,prefix,H,W,opts", CASES)
+def test_forward_matches_dense_reference(batch, prefix, H, W, opts):
+    layer = _make(**opts)
+    x = torch.randn(batch, prefix + H * W, 48, dtype=torch.float64)
+    out = layer(x, hw=(H, W), num_prefix_tokens=prefix)
+    # float64; the linear-time normaliser re-associates sums (variance via covariance), so allow
+    # a few orders above machine epsilon
+    torch.testing.assert_close(out, laplacian_reference(layer, x, prefix, H, W), rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("batch,prefix,H,W,opts", CASES)
+def test_gradients_match_dense_reference(batch, prefix, H, W, opts):
+    layer = _make(inverse="exact", **opts)
+    x = torch.randn(batch, prefix + H * W, 48, dtype=torch.float64)
+    out, g = _grads(lambda t: layer(t, hw=(H, W), num_prefix_tokens=prefix), layer, x)
+    ref, g_ref = _grads(lambda t: laplacian_reference(layer, t, prefix, H, W, inverse="exact"), layer, x)
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-9)
+    for a, b in zip(g, g_ref):  # float64, rounding amplified by cond(W + εI)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_structure_and_defaults():
+    layer = mixers.create("laplacian", 128, 4)
+    assert layer.qkv.weight.shape == (384, 128)            # separate Q, K, V projections
+    assert layer.lam == 4.0 and layer.normalize and layer.pool_ratio == 2 and layer.norm_scale == "tokens"
+    assert layer.qk_scale == pytest.approx(32 ** -0.5)      # documented default input scaling
+    assert layer.conv.weight.shape == (128, 1, 3, 3) and layer.conv.bias is not None  # per channel
+    head = mixers.create("laplacian", 128, 4, conv_groups="head", conv_kernel=5)
+    assert head.conv.weight.shape == (4, 1, 5, 5) and head.conv.bias is None
+    assert not hasattr(mixers.create("laplacian", 128, 4, conv_kernel=0), "conv")
+    normed = mixers.create("laplacian", 128, 4, qk_norm=True)
+    assert isinstance(normed.q_norm, torch.nn.LayerNorm) and normed.q_norm.normalized_shape == (32,)
+
+
+def test_qk_norm_matches_reference_with_normed_inputs():
+    layer = _make(qk_norm=True, norm_scale="none").eval()
+    x = torch.randn(2, 64, 48, dtype=torch.float64)
+    out = layer(x)
+    b, n, h, d = 2, 64, 3, 16
+    q, k, v = layer.qkv(x).reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4)
+    q, k = layer.q_norm(q) * layer.qk_scale, layer.k_norm(k) * layer.qk_scale
+    def pool(t):
+        g = F.avg_pool2d(t.reshape(b * h, 8, 8, d).permute(0, 3, 1, 2), 2)
+        return g.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
+
+    att = vitmix.ops.nystrom_attention_reference(q, k, v, pool(q), pool(k), kernel="laplacian",
+                                                 normalization="injective", symmetric=False)
+    local = F.conv2d(v.permute(0, 1, 3, 2).reshape(b, h * d, 8, 8), layer.conv.weight, layer.conv.bias,
+                     padding=1, groups=h * d)
+    att = att + local.reshape(b, h, d, n).transpose(-1, -2)
+    ref = layer.proj(att.transpose(1, 2).reshape(b, n, h * d))
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-9)
+
+
+def test_attention_map_is_the_normalised_map_and_reproduces_the_layer():
+    layer = _make(conv_kernel=0, norm_eps=1e-14)
+    x = torch.randn(2, 1 + 36, 48, dtype=torch.float64)
+    amap = layer.attention_map(x, hw=(6, 6), num_prefix_tokens=1)
+    assert amap.shape == (2, 3, 37, 37)
+    # injective map: R = Z - 1/N has rows centred before the per-key scaling, so every column of
+    # R has unit (population) variance over the queries up to eps
+    r = (amap - 1.0 / 37) * 37  # default norm_scale="tokens" divides the whitened part by N
+    torch.testing.assert_close(r.var(-2, unbiased=False), torch.ones(2, 3, 37, dtype=torch.float64),
+                               rtol=1e-6, atol=1e-6)
+    v = layer.qkv(x).reshape(2, 37, 3, 3, 16)[:, :, 2].transpose(1, 2)
+    out = layer.proj((amap @ v).transpose(1, 2).reshape(2, 37, 48))
+    torch.testing.assert_close(out, layer(x, hw=(6, 6), num_prefix_tokens=1), rtol=1e-8, atol=1e-9)
+
+
+def test_all_tokens_as_landmarks_and_exact_inverse_give_exact_kernel_attention():
+    layer = _make(pool_ratio=1, normalize=False, inverse="exact", newton_eps=0.0, conv_kernel=0)
+    x = torch.randn(1, 25, 48, dtype=torch.float64)
+    amap = layer.attention_map(x)
+    q, k, _, _, _, _ = layer._project(x, (0, 5, 5))
+    s = layer.qk_scale
+    torch.testing.assert_close(amap, _lap(s * q, s * k, 4.0), rtol=1e-7, atol=1e-8)
+
+
+def test_rope_encodes_relative_position():
+    torch.manual_seed(0)
+    d, H, W = 16, 5, 7
+    q, k = torch.randn(1, 1, 1, d, dtype=torch.float64), torch.randn(1, 1, 1, d, dtype=torch.float64)
+    grid_q, grid_k = q.expand(1, 1, H * W, d), k.expand(1, 1, H * W, d)
+    rq, rk = rope_2d(grid_q, 0, H, W), rope_2d(grid_k, 0, H, W)
+    dots = (rq[0, 0][:, None] * rk[0, 0][None]).sum(-1).reshape(H, W, H, W)
+    # same offset (1, 2) from two different positions gives the same score
+    torch.testing.assert_close(dots[0, 0, 1, 2], dots[3, 4, 4, 6])
+    assert not torch.allclose(dots[0, 0, 1, 2], dots[0, 0, 2, 1])
+    torch.testing.assert_close(rq.norm(dim=-1), grid_q.norm(dim=-1))  # a rotation
+    cls = torch.randn(1, 1, 1 + H * W, d)
+    assert torch.equal(rope_2d(cls, 1, H, W)[:, :, :1], cls[:, :, :1])  # prefix untouched
+
+
+def test_bad_input_errors():
+    layer = mixers.create("laplacian", 48, 3)
+    with pytest.raises(ValueError, match="not divisible by pool_ratio=2"):
+        layer(torch.randn(1, 1 + 7 * 8, 48), hw=(7, 8))
+    with pytest.raises(ValueError, match="smaller than the 8x8=64 landmarks"):
+        mixers.create("laplacian", 48, 3, num_landmarks=64)(torch.randn(1, 1 + 49, 48))
+    with pytest.raises(ValueError, match="smaller than pool_ratio=8"):
+        mixers.create("laplacian", 48, 3, pool_ratio=8)(torch.randn(1, 1 + 16, 48))
+    with pytest.raises(ValueError, match="rope=True needs head_dim divisible by 4"):
+        mixers.create("laplacian", 60, 6, rope=True)
+    with pytest.raises(ValueError, match="lam"):
+        mixers.create("laplacian", 48, 3, lam=0)
+    with pytest.raises(ValueError, match="conv_groups"):
+        mixers.create("laplacian", 48, 3, conv_groups="depthwise")
+    with pytest.raises(ValueError, match="newton_alpha"):
+        mixers.create("laplacian", 48, 3, newton_alpha="fast")
+    with pytest.raises(ValueError, match="scale_norm"):
+        mixers.create("laplacian", 48, 3, scale_norm=True)
+    with pytest.raises(ValueError, match="multiple of num_heads"):
+        mixers.create("laplacian", 48, 5)
+
+
+def test_floor_mode_matches_reference_on_the_trimmed_landmarks():
+    layer = _make(grid_remainder="floor")
+    x = torch.randn(1, 7 * 5, 48, dtype=torch.float64)
+    out = layer(x, hw=(7, 5))
+    torch.testing.assert_close(out, laplacian_reference(layer, x, 0, 7, 5), rtol=1e-8, atol=1e-9)
+
+
+def test_nan_input_propagates():
+    layer = mixers.create("laplacian", 48, 3)
+    x = torch.randn(1, 65, 48)
+    x[0, 7, 0] = float("nan")
+    assert torch.isnan(layer(x)).any()
+
+
+@pytest.mark.parametrize("opts", [{}, {"normalize": False, "rope": True}, {"num_landmarks": 9}])
+def test_bf16_autocast_is_finite_forward_and_backward(opts):
+    layer = mixers.create("laplacian", 64, 2, qkv_bias=True, **opts)
+    x = (3 * torch.randn(2, 1 + 144, 64)).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    out.float().pow(2).mean().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+def test_large_feature_values_do_not_diverge():
+    # unscaled features give tiny kernel values (the case that broke the official α): stays finite
+    layer = mixers.create("laplacian", 64, 2, qk_scale=1.0)
+    out = layer(50 * torch.randn(1, 64, 64))
+    assert torch.isfinite(out).all()
+
+
+def test_whole_layer_memory_grows_linearly():
+    layer = mixers.create("laplacian", 64, 2, num_landmarks=49)
+
+    def step(side):
+        def run():
+            x = torch.randn(1, side * side, 64, requires_grad=True)
+            layer(x).sum().backward()
+        return run
+
+    small = peak_memory_mib(step(64))    # N = 4096
+    large = peak_memory_mib(step(128))   # N = 16384
+    assert large <= 5 * small, (small, large)
+
+
+def test_demo_model_with_laplacian_mixer():
+    # the project's demo: vit_nano_patch4_32 (CLS + 8x8 grid, dim 128, 4 heads) inside stock timm
+    model = vitmix.create_model("vit_nano_patch4_32", mixer="laplacian")
+    assert isinstance(model, VisionTransformer)
+    layer = model.blocks[0].attn
+    assert layer.landmark_hw is None and layer.pool_ratio == 2  # 16 landmarks on the 8x8 grid
+    logits = model(torch.randn(2, 3, 32, 32))
+    assert logits.shape == (2, 10)
+    logits.logsumexp(-1).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert math.isfinite(float(logits.detach().sum()))
