@@ -1,0 +1,236 @@
+"""Fibottention: per-head Wythoff/Fibonacci dilated attention (Rahimian et al., arXiv 2406.19391).
+
+Head ``h`` of layer ``l`` lets each patch token attend to the patch tokens at raster distances
+``± d`` for ``d`` in a small offset set ``F_h`` (a generalised Fibonacci sequence seeded by a row
+of the Wythoff array, cut at a per-head window ``w_min..w_max``; heads shuffled per layer) and to
+the prefix (CLS) tokens, which in turn attend to everything. About 2 % of the patch pairs at
+ViT-B/16 224² (N = 196, 12 heads). See :mod:`vitmix.ops.fibonacci` for the offsets.
+
+``mode=`` chooses how the pattern is applied:
+
+- ``"sparse"`` (default): true sparse computation, O(N·|F|·d) time and memory in forward and
+  backward (:func:`vitmix.ops.sparse_diagonal.sparse_diagonal_attention`);
+- ``"masked"``: dense scores with ``-inf`` outside the pattern — the same function as
+  ``"sparse"``, O(N²), the reference;
+- ``"official"``: the official code's multiplicative 0/1 mask on the logits (masked keys keep
+  weight ``e⁰/Z``), O(N²), for reproducing the official numbers.
+
+Layer index: timm's ``Block`` does not tell its attention module where it sits, but the head
+shuffle depends on it. vitmix's Fibottention models set it; for a stock timm model call
+:func:`assign_layer_indices` after building it (``layer_idx=None`` behaves as layer 0).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..ops.fibonacci import SHUFFLES, VARIANTS, _as_int, fibonacci_offsets, offsets_mask
+from ..ops.sparse_diagonal import (
+    BACKENDS, diagonal_plan, masked_diagonal_attention, official_diagonal_attention, sparse_diagonal_attention,
+)
+from .base import TokenMixer, close_matches
+from .registry import register_mixer
+
+__all__ = ["FibottentionAttention", "assign_layer_indices", "MODES"]
+
+#: application modes of the Fibottention pattern
+MODES = ("sparse", "masked", "official")
+
+
+@register_mixer("fibottention")
+class FibottentionAttention(TokenMixer):
+    """Fibottention multi-head attention, timm-compatible (parameter names of ``timm`` Attention).
+
+    Args:
+        mode: ``"sparse"`` (default) | ``"masked"`` | ``"official"`` (see the module docstring).
+        w_min: smallest per-head window (official: 5).
+        w_max: largest per-head window; ``None`` (default) uses ``N // 3`` of the current input's
+            patch-token count ``N``, as the official code does.
+        variant: ``"wythoff"`` (image models, default) | ``"modified"`` (video/robot code, adds two
+            smaller offsets per head, including 0 in head 1) | ``"modified_legacy"``.
+        shuffle: per-layer head permutation: ``"stable"`` (default, version-independent),
+            ``"official"`` (Python ``random.seed(layer)`` order of the official code) or ``"none"``.
+        layer_idx: 0-based block index seeding the shuffle; ``None`` acts as 0 until set (see
+            :func:`assign_layer_indices`).
+        include_diagonal: ``None`` (default) keeps the variant's choice — the default variant
+            excludes the main diagonal (a patch token does not attend to itself); ``True`` adds it
+            to every head, ``False`` removes it from every head.
+        backend: sparse-mode kernel, ``"auto"`` | ``"c"`` | ``"torch"``
+            (see :func:`~vitmix.ops.sparse_diagonal.sparse_diagonal_attention`).
+        See :class:`~vitmix.mixers.base.TokenMixer` for the shared timm arguments. ``attn_drop``
+        is supported in ``masked``/``official`` modes only. The token grid is used only for its
+        prefix count; any patch count works (offsets are recomputed per ``N`` and cached per
+        ``(N, P, device)``); pass ``num_prefix_tokens`` alone for sequences that are not a square.
+    """
+
+    spatial = True
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[type] = None,
+        *,
+        mode: str = "sparse",
+        w_min: int = 5,
+        w_max: Optional[int] = None,
+        variant: str = "wythoff",
+        shuffle: str = "stable",
+        layer_idx: Optional[int] = None,
+        include_diagonal: Optional[bool] = None,
+        backend: str = "auto",
+        **kwargs,
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
+                         norm_layer, **kwargs)
+        for name, value, allowed in (("mode", mode, MODES), ("variant", variant, VARIANTS),
+                                     ("shuffle", shuffle, SHUFFLES), ("backend", backend, BACKENDS)):
+            if value not in allowed:
+                raise ValueError(f"fibottention {name}={value!r} is not one of {', '.join(allowed)}."
+                                 + close_matches(str(value), allowed))
+        self.w_min = _as_int(w_min, "w_min", 0)
+        self.w_max = None if w_max is None else _as_int(w_max, "w_max", 0)
+        if self.w_max is not None and self.w_max < self.w_min:
+            raise ValueError(f"w_max={self.w_max} must be >= w_min={self.w_min}")
+        if num_heads == 1 and (self.w_max is None or self.w_max != self.w_min):
+            raise ValueError(
+                "fibottention spreads windows from w_min to w_max across heads, which is undefined for "
+                "num_heads=1; use >= 2 heads, or pass w_max equal to w_min for a single window"
+            )
+        if include_diagonal not in (None, True, False):
+            raise ValueError(f"include_diagonal must be None, True or False, got {include_diagonal!r}")
+        if mode == "sparse" and attn_drop:
+            raise ValueError("fibottention mode='sparse' does not implement attention dropout; use attn_drop=0 "
+                             "or mode='masked'")
+        self.mode, self.variant, self.shuffle, self.backend = mode, variant, shuffle, backend
+        self.include_diagonal = include_diagonal
+        self._layer_idx = None if layer_idx is None else _as_int(layer_idx, "layer_idx", 0)
+        self._cache: Dict[Tuple, object] = {}
+
+        if (qk_norm or scale_norm) and norm_layer is None:
+            norm_layer = nn.LayerNorm
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    # ------------------------------------------------------------------------------- offsets
+    @property
+    def layer_idx(self) -> Optional[int]:
+        """0-based block index that seeds the head shuffle (``None``: not assigned, acts as 0)."""
+        return self._layer_idx
+
+    @layer_idx.setter
+    def layer_idx(self, value: Optional[int]) -> None:
+        self._layer_idx = None if value is None else _as_int(value, "layer_idx", 0)
+        self._cache.clear()
+
+    def head_offsets(self, num_tokens: int) -> List[Tuple[int, ...]]:
+        """Offset set of each head for ``num_tokens`` patch tokens (prefix tokens excluded)."""
+        return fibonacci_offsets(num_tokens, self.num_heads, layer=self._layer_idx or 0, w_min=self.w_min,
+                                 w_max=self.w_max, variant=self.variant, shuffle=self.shuffle,
+                                 include_diagonal=self.include_diagonal)
+
+    def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
+        key = (kind, num_tokens, prefix, str(device))
+        hit = self._cache.get(key)
+        if hit is None:
+            offsets = self.head_offsets(num_tokens)
+            if kind == "plan":
+                hit = diagonal_plan(offsets, num_tokens, device)
+            else:
+                hit = offsets_mask(offsets, num_tokens, prefix, device=device)
+            self._cache[key] = hit
+        return hit
+
+    # ------------------------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
+                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
+        """``(B, N, C) -> (B, N, C)``. Only the prefix count matters: with ``num_prefix_tokens`` given
+        (here or at construction) and no grid, any sequence length works."""
+        prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
+        if hw is None and self.hw is None and prefix is not None and x.dim() == 3:
+            if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+                raise ValueError(f"num_prefix_tokens must be a non-negative int, got {prefix!r}")
+            if prefix >= x.shape[1]:
+                raise ValueError(f"num_prefix_tokens={prefix} must be smaller than the sequence length "
+                                 f"N={x.shape[1]} (fibottention needs at least one patch token)")
+            hw = (1, x.shape[1] - prefix)
+        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=prefix)
+
+    def _qkv(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def mix(self, x, grid, attn_mask=None, is_causal=False):
+        b, n, c = x.shape
+        prefix = grid[0]
+        num_tokens = n - prefix
+        q, k, v = self._qkv(x)
+        drop = self.attn_drop.p if self.training else 0.0
+        if self.mode == "sparse":
+            plan = self._pattern("plan", num_tokens, prefix, x.device)
+            out = sparse_diagonal_attention(q, k, v, plan, prefix, scale=self.scale, backend=self.backend)
+        else:
+            mask = self._pattern("mask", num_tokens, prefix, x.device)
+            fn = masked_diagonal_attention if self.mode == "masked" else official_diagonal_attention
+            out = fn(q, k, v, None, prefix, scale=self.scale, attn_drop=drop, mask=mask)
+        out = self.norm(out.transpose(1, 2).reshape(b, n, c))
+        return self.proj_drop(self.proj(out))
+
+    @torch.no_grad()
+    def attention_map(self, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
+                      num_prefix_tokens: Optional[int] = None, **_) -> torch.Tensor:
+        """Effective ``(B, heads, N, N)`` attention weights (dense, O(N²); for analysis only).
+
+        ``sparse`` and ``masked`` modes give the same map (zero outside the pattern); ``official``
+        gives the multiplicative-mask weights, non-zero everywhere.
+        """
+        n = x.shape[1]
+        prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
+        if hw is not None or self.hw is not None or prefix is None:
+            from .base import resolve_grid
+
+            prefix = resolve_grid(n, hw if hw is not None else self.hw, prefix)[0]
+        q, k, _ = self._qkv(x)
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        q, k = q.to(dtype), k.to(dtype)
+        mask = self._pattern("mask", n - prefix, prefix, x.device)
+        scores = (q * self.scale) @ k.transpose(-1, -2)
+        if self.mode == "official":
+            return (scores * mask).softmax(dim=-1)
+        row_ok = mask.any(dim=-1, keepdim=True)
+        return scores.masked_fill(~mask & row_ok, float("-inf")).softmax(dim=-1) * row_ok
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, mode={self.mode!r}, variant={self.variant!r}, "
+                f"w_min={self.w_min}, w_max={self.w_max}, shuffle={self.shuffle!r}, layer_idx={self._layer_idx}")
+
+
+def assign_layer_indices(model: nn.Module, start: int = 0) -> nn.Module:
+    """Number the Fibottention mixers of ``model`` ``start, start+1, ...`` in module order.
+
+    timm's ``Block`` does not pass its depth to the attention layer, so a stock timm model built
+    with ``attn_layer=timm_attn("fibottention")`` has every layer at index 0 (identical head order
+    in all layers). Call this once after building it; vitmix's Fibottention models already do.
+    Returns ``model``.
+    """
+    idx = _as_int(start, "start", 0)
+    for module in model.modules():
+        if isinstance(module, FibottentionAttention):
+            module.layer_idx = idx
+            idx += 1
+    return model
