@@ -1,0 +1,19 @@
+"""Speed, memory and FLOP measurement of vitmix mixers and models (``vitmix bench``).
+
+The pieces can be used on their own:
+
+- :mod:`vitmix.bench.timing` — median latency (``torch.utils.benchmark`` with all threads on CPU,
+  CUDA events on GPU);
+- :mod:`vitmix.bench.memory` — peak memory (CUDA ``max_memory_allocated`` delta, or
+  ``MemTracker`` on CPU);
+- :mod:`vitmix.bench.flops` — FLOPs (= 2 × MACs) from ``FlopCounterMode`` with formulas for the ops
+  it misses, plus analytic per-mixer formulas;
+- :mod:`vitmix.bench.sweep` — the sweep over mixers × token counts or models × image sizes;
+- :mod:`vitmix.bench.report` — CSV / JSON / markdown tables and log–log plots.
+
+>>> from vitmix.bench import BenchConfig, run_sweep          # doctest: +SKIP
+>>> result = run_sweep(BenchConfig(kind="mixers", names=["soft"], sizes=[196, 784]))
+"""
+from .sweep import BenchConfig, SweepResult, run_sweep
+
+__all__ = ["BenchConfig", "SweepResult", "run_sweep"]

@@ -1,0 +1,117 @@
+"""``vitmix bench``: time, memory and FLOPs of mixers (one layer) or models, swept over size."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from .sweep import DEFAULT_BASELINE_MODEL, DEFAULT_IMAGE_SIZES, DEFAULT_TOKENS, PASSES, BenchConfig
+
+EPILOG = """examples:
+  vitmix bench --mixers all --tokens 196,784,3136 --max-seconds 300 --out runs/bench-mixers
+  vitmix bench --mixers soft,laplacian,softmax:fused=false --dim 384 --heads 6 --passes fwd+bwd
+  vitmix bench --models soft_tiny,laplacianformer_tiny --sizes 224,448 --dtype bf16
+
+Mixer options go after the name: NAME:key=value:key=value. The softmax baseline is always
+included; every row shows its speed-up and memory ratio against it."""
+
+
+def _int_list(text: str):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``bench`` sub-command."""
+    p = subparsers.add_parser(
+        "bench", help="benchmark mixers or models: latency, throughput, peak memory, FLOPs",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--mixers", help="'all' or comma-separated mixer specs (one attention layer)")
+    what.add_argument("--models", help="comma-separated model names (whole models)")
+    p.add_argument("--tokens", type=_int_list, default=None,
+                   help=f"token counts for --mixers (default {','.join(map(str, DEFAULT_TOKENS))})")
+    p.add_argument("--sizes", type=_int_list, default=None,
+                   help=f"image sides for --models (default {','.join(map(str, DEFAULT_IMAGE_SIZES))})")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--dim", type=int, default=384, help="layer width for --mixers (default 384)")
+    p.add_argument("--heads", type=int, default=6, help="heads for --mixers (default 6)")
+    p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (autocast) (default fp32)")
+    p.add_argument("--passes", default=",".join(PASSES),
+                   help="comma-separated: fwd, fwd+bwd (default both)")
+    p.add_argument("--max-seconds", type=float, default=600.0,
+                   help="time budget of the whole sweep; points that would not fit are skipped (default 600)")
+    p.add_argument("--max-memory-gb", type=float, default=None,
+                   help="skip points predicted to exceed this peak memory (default: half the available memory)")
+    p.add_argument("--min-run-time", type=float, default=0.2, help="seconds of timing per point (default 0.2)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    p.add_argument("--baseline-model", default=DEFAULT_BASELINE_MODEL,
+                   help=f"softmax model for ratios in --models mode (default {DEFAULT_BASELINE_MODEL})")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: all, torch.get_num_threads())")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench-results", help="results directory (default ./bench-results)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def config_from_args(args) -> BenchConfig:
+    kind = "mixers" if args.mixers else "models"
+    if kind == "mixers" and args.sizes:
+        raise ValueError("--sizes is for --models; use --tokens with --mixers")
+    if kind == "models" and args.tokens:
+        raise ValueError("--tokens is for --mixers; use --sizes with --models")
+    names = (args.mixers or args.models).split(",")
+    return BenchConfig(
+        kind=kind, names=names, sizes=args.tokens if kind == "mixers" else args.sizes,
+        batch=args.batch, dim=args.dim, heads=args.heads, dtype=args.dtype.lower(),
+        passes=tuple(p.strip() for p in args.passes.split(",") if p.strip()),
+        max_seconds=args.max_seconds, max_memory_gb=args.max_memory_gb, min_run_time=args.min_run_time,
+        device=args.device, baseline_model=args.baseline_model, seed=args.seed,
+        measure_memory=not args.no_memory, measure_flops=not args.no_flops, threads=args.threads,
+    )
+
+
+def run(args) -> int:
+    """Entry point of ``vitmix bench``."""
+    from .report import summary_text, write_results
+    from .sweep import run_sweep
+
+    config = config_from_args(args)
+    result = run_sweep(config, progress=not args.no_progress)
+    argv = sys.argv[1:]
+    command = ("vitmix " + " ".join(shlex.quote(a) for a in argv) if argv and argv[0] == "bench"
+               else "vitmix bench " + _reconstruct(args))
+    paths = write_results(result, args.out, command=command)
+    print(summary_text(result))
+    print()
+    for note in result.notes:
+        print("note:", note)
+    print("wrote", ", ".join(paths))
+    return 0
+
+
+def _reconstruct(args) -> str:
+    parts = []
+    for key, value in sorted(vars(args).items()):
+        if key in ("func", "command") or value in (None, False):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, list):
+            parts.append(f"{flag} {','.join(map(str, value))}")
+        else:
+            parts.append(f"{flag} {shlex.quote(str(value))}")
+    return " ".join(parts)
+
+
+__all__ = ["add_parser", "run", "config_from_args"]

@@ -1,0 +1,561 @@
+"""The benchmark sweep: mixers × token counts, or models × image sizes.
+
+Each point (target, size, pass) is measured once for FLOPs and peak memory and then timed. Points
+are visited smallest size first across all targets, so a budget that runs out leaves a complete
+picture of the small sizes. Before a point runs, its time and memory are extrapolated from the
+same target's previous sizes (log–log slope of the last two points, quadratic when only one is
+known): a point predicted not to fit the remaining ``max_seconds`` budget or ``max_memory_gb`` is
+skipped with a note; out-of-memory errors and sizes a model or mixer rejects (``ValueError``) are
+skipped with the reason. Once the budget is spent the sweep stops and marks the rest as not run.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from .flops import analytic_flops, count_flops
+from .memory import memory_method, peak_memory
+from .timing import time_call
+
+DEFAULT_TOKENS = (196, 784, 1600, 3136, 6400, 12544, 16384)
+DEFAULT_IMAGE_SIZES = (224, 384, 512, 768, 1024, 1248)
+DEFAULT_BASELINE_MODEL = "deit_tiny_patch16_224"
+PASSES = ("fwd", "fwd+bwd")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+#: options a mixer layer gets in a token sweep unless the spec sets them. Landmark mixers default to
+#: a landmark *stride* (m grows with N, as inside a pyramid stage at its training resolution); a
+#: token sweep of one layer fixes m = 49 (the SOFT/LaplacianFormer count at 224²) so the cost per
+#: token stays constant. A mixer class can state its own with a ``bench_options`` dict attribute.
+LAYER_DEFAULTS: Dict[str, Dict[str, object]] = {
+    "soft": {"num_landmarks": 49},
+    "soft_norm": {"num_landmarks": 49},
+    "laplacian": {"num_landmarks": 49},
+}
+
+
+@dataclass
+class Target:
+    """One thing to benchmark: a mixer spec (``name`` + options) or a model name."""
+
+    label: str
+    name: str
+    options: Dict[str, object] = field(default_factory=dict)
+    baseline: bool = False
+
+
+@dataclass
+class BenchConfig:
+    """Settings of one sweep (the ``vitmix bench`` flags).
+
+    Args:
+        kind: ``"mixers"`` (one layer, sizes are token counts) or ``"models"`` (whole models,
+            sizes are square image sides).
+        names: mixer specs (``name`` or ``name:key=value:key=value``) or model names; ``["all"]``
+            means every registered mixer.
+        sizes: token counts or image sides; defaults to :data:`DEFAULT_TOKENS` /
+            :data:`DEFAULT_IMAGE_SIZES`.
+        batch, dim, heads: input batch; layer width and heads (mixers only).
+        dtype: ``"fp32"`` or ``"bf16"`` (bf16 = ``torch.autocast``; parameters stay fp32).
+        passes: any of ``"fwd"`` (under ``no_grad``) and ``"fwd+bwd"``.
+        max_seconds: wall-clock budget of the whole sweep.
+        max_memory_gb: points predicted to need more peak memory are skipped; default: half of
+            the memory available when the sweep starts (CPU) or of the free GPU memory.
+        min_run_time: seconds of timing per point (``blocked_autorange``).
+        device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+        baseline_model: the softmax model every model is compared with (models mode).
+        measure_memory, measure_flops: turn the slower measurements off.
+        threads: CPU threads for the sweep (default: all of ``torch.get_num_threads()``).
+    """
+
+    kind: str
+    names: List[str]
+    sizes: Optional[List[int]] = None
+    batch: int = 1
+    dim: int = 384
+    heads: int = 6
+    dtype: str = "fp32"
+    passes: Tuple[str, ...] = PASSES
+    max_seconds: float = 600.0
+    max_memory_gb: Optional[float] = None
+    min_run_time: float = 0.2
+    device: str = "auto"
+    baseline_model: str = DEFAULT_BASELINE_MODEL
+    seed: int = 0
+    measure_memory: bool = True
+    measure_flops: bool = True
+    threads: Optional[int] = None
+
+
+@dataclass
+class SweepResult:
+    """Rows (one dict per point), the configuration, and whether the budget cut the sweep short."""
+
+    config: BenchConfig
+    rows: List[dict]
+    environment: dict
+    stopped_early: bool = False
+    elapsed_s: float = 0.0
+    notes: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        cfg = asdict(self.config)
+        cfg["passes"] = list(cfg["passes"])
+        return {"environment": self.environment, "config": cfg, "stopped_early": self.stopped_early,
+                "elapsed_s": round(self.elapsed_s, 2), "notes": self.notes, "rows": self.rows}
+
+
+# ------------------------------------------------------------------------------------------
+# parsing and validation
+# ------------------------------------------------------------------------------------------
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_mixer_spec(spec: str) -> Target:
+    """``"softmax:fused=false"`` → ``Target(label, "softmax", {"fused": False})``."""
+    parts = [p.strip() for p in spec.strip().split(":") if p.strip()]
+    if not parts:
+        raise ValueError("empty mixer name in --mixers")
+    options = {}
+    for part in parts[1:]:
+        if "=" not in part:
+            raise ValueError(f"mixer option {part!r} in {spec!r} is not key=value (e.g. softmax:fused=false)")
+        key, value = part.split("=", 1)
+        options[key.strip()] = _parse_value(value.strip())
+    return Target(label=":".join(parts), name=parts[0], options=options)
+
+
+def resolve_targets(config: BenchConfig) -> List[Target]:
+    """Validate the names (``ValueError`` with close matches) and add the softmax baseline."""
+    from ..mixers import get_mixer_class, list_mixers
+    from ..mixers.base import close_matches
+
+    names = [n.strip() for n in config.names if n.strip()]
+    if not names:
+        raise ValueError(f"no {config.kind} given")
+    targets: List[Target] = []
+    if config.kind == "mixers":
+        if "all" in names:  # "all" expands in place; other specs (e.g. softmax:fused=false) stay
+            i = names.index("all")
+            names = names[:i] + [m for m in list_mixers() if m not in names] + names[i + 1:]
+        for spec in names:
+            target = parse_mixer_spec(spec)
+            cls = get_mixer_class(target.name)  # ValueError with close matches
+            target.name = cls.mixer_name
+            valid = cls.option_names()
+            for key in target.options:
+                if key not in valid:
+                    raise ValueError(f"mixer {target.name!r} has no option {key!r}."
+                                     + close_matches(key, valid) + f" Options: {', '.join(valid)}")
+            targets.append(target)
+        if not any(t.name == "softmax" and not t.options for t in targets):
+            targets.insert(0, Target("softmax", "softmax", {}, baseline=True))
+        else:
+            for t in targets:
+                t.baseline = t.name == "softmax" and not t.options
+    elif config.kind == "models":
+        from ..models import list_models
+
+        known = set(list_models())
+        import timm
+
+        for name in names + [config.baseline_model]:
+            if name not in known and not timm.is_model(name):
+                raise ValueError(f"unknown model {name!r}." + close_matches(name, sorted(known), n=5)
+                                 + " See `vitmix models` for the list.")
+        for name in names:
+            targets.append(Target(name, name, {}, baseline=name == config.baseline_model))
+        if not any(t.baseline for t in targets):
+            targets.insert(0, Target(config.baseline_model, config.baseline_model, {}, baseline=True))
+    else:
+        raise ValueError(f"kind must be 'mixers' or 'models', got {config.kind!r}")
+    labels = [t.label for t in targets]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"duplicate names in {', '.join(labels)}")
+    return targets
+
+
+def validate(config: BenchConfig) -> None:
+    """Check every setting up front so a sweep never fails half way through on a typo."""
+    from ..mixers.base import close_matches
+
+    if config.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {config.dtype!r}." + close_matches(config.dtype, DTYPES)
+                         + f" Choose from {', '.join(DTYPES)}")
+    for p in config.passes:
+        if p not in PASSES:
+            raise ValueError(f"unknown pass {p!r}." + close_matches(p, PASSES) + f" Choose from {', '.join(PASSES)}")
+    if not config.passes:
+        raise ValueError("give at least one pass (fwd, fwd+bwd)")
+    if config.sizes is not None and (not config.sizes or any(int(s) <= 0 for s in config.sizes)):
+        raise ValueError(f"sizes must be positive integers, got {config.sizes}")
+    for key in ("batch", "dim", "heads"):
+        if int(getattr(config, key)) <= 0:
+            raise ValueError(f"{key} must be positive, got {getattr(config, key)}")
+    if config.kind == "mixers" and config.dim % config.heads:
+        raise ValueError(f"dim={config.dim} is not divisible by heads={config.heads}; "
+                         f"try dim={config.heads * max(1, round(config.dim / config.heads))}")
+    if config.threads is not None and config.threads < 1:
+        raise ValueError(f"threads must be >= 1, got {config.threads}")
+    if config.max_seconds <= 0:
+        raise ValueError(f"max_seconds must be positive, got {config.max_seconds}")
+    if config.min_run_time <= 0:
+        raise ValueError(f"min_run_time must be positive, got {config.min_run_time}")
+    if config.device not in ("auto", "cpu", "cuda") and not config.device.startswith("cuda:"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {config.device!r}")
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device cuda requested but torch.cuda.is_available() is False; use --device cpu")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _available_bytes(device: torch.device) -> Optional[int]:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - non-Linux
+        pass
+    return None
+
+
+def token_grid(n_tokens: int) -> Tuple[int, int]:
+    """The most square ``(H, W)`` with ``H * W == n_tokens`` (``H <= W``)."""
+    h = math.isqrt(n_tokens)
+    while n_tokens % h:
+        h -= 1
+    return h, n_tokens // h
+
+
+# ------------------------------------------------------------------------------------------
+# building one point
+# ------------------------------------------------------------------------------------------
+@dataclass
+class _Point:
+    module: torch.nn.Module
+    inputs: torch.Tensor
+    call: Callable[[torch.Tensor], torch.Tensor]
+    tokens: int
+    work_items: int  # tokens (mixers) or images (models) per call
+    unit: str
+
+
+def layer_options(target: Target) -> Dict[str, object]:
+    """The options a mixer layer is built with: its bench defaults overridden by the spec's."""
+    from ..mixers import get_mixer_class
+
+    cls = get_mixer_class(target.name)
+    defaults = getattr(cls, "bench_options", None)
+    if not isinstance(defaults, dict):
+        defaults = LAYER_DEFAULTS.get(target.name, {})
+    return {**defaults, **target.options}
+
+
+def _build_mixer(target: Target, n: int, config: BenchConfig, device) -> _Point:
+    from ..mixers import create
+
+    hw = token_grid(n)
+    module = create(target.name, config.dim, config.heads, hw=hw, num_prefix_tokens=0, **layer_options(target))
+    module = module.to(device)
+    x = torch.randn(config.batch, n, config.dim, device=device)
+    return _Point(module, x, module, n, config.batch * n, "tokens/s")
+
+
+def _build_model(target: Target, size: int, config: BenchConfig, device) -> _Point:
+    from ..models import create_model
+
+    model = create_model(target.name, img_size=size)
+    embed = getattr(model, "patch_embed", None)
+    in_chans = 3
+    proj = getattr(embed, "proj", None)
+    if isinstance(proj, torch.nn.Conv2d):
+        in_chans = proj.in_channels
+    tokens = size * size
+    grid = getattr(embed, "grid_size", None)
+    if grid is not None:
+        tokens = int(grid[0]) * int(grid[1]) + int(getattr(model, "num_prefix_tokens", 0) or 0)
+    model = model.to(device)
+    x = torch.randn(config.batch, in_chans, size, size, device=device)
+    return _Point(model, x, model, tokens, config.batch, "images/s")
+
+
+def _make_fn(point: _Point, pass_name: str, device, dtype: str):
+    module, x = point.module, point.inputs
+
+    def autocast():
+        if dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+    if pass_name == "fwd":
+        module.eval()
+
+        def fn():
+            with torch.no_grad(), autocast():
+                return point.call(x)
+    else:
+        module.train()
+        xg = x.detach().requires_grad_(point.inputs.dim() == 3)  # a layer inside a network needs dX
+
+        def fn():
+            module.zero_grad(set_to_none=True)
+            xg.grad = None
+            with autocast():
+                out = point.call(xg)
+            out.float().sum().backward()
+    return fn
+
+
+def _is_oom(err: BaseException) -> bool:
+    text = str(err).lower()
+    return isinstance(err, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in text or \
+        "can't allocate memory" in text or "not enough memory" in text
+
+
+# ------------------------------------------------------------------------------------------
+# prediction from previous points
+# ------------------------------------------------------------------------------------------
+def _extrapolate(history: List[Tuple[float, float]], x: float, default_slope: float = 2.0) -> Optional[float]:
+    pts = [(a, b) for a, b in history if a > 0 and b and b > 0]
+    if not pts:
+        return None
+    if len(pts) == 1:
+        (x0, y0), slope = pts[-1], default_slope
+    else:
+        (x1, y1), (x0, y0) = pts[-2], pts[-1]
+        slope = math.log(y0 / y1) / math.log(x0 / x1) if x0 != x1 else default_slope
+        slope = min(max(slope, 0.5), default_slope)  # noise must not predict worse than quadratic
+    # one slow outlier must not veto the rest of a target: never predict more than the quadratic
+    # extrapolation from any earlier point
+    return min([y0 * (x / x0) ** slope] + [b * (x / a) ** default_slope for a, b in pts])
+
+
+# ------------------------------------------------------------------------------------------
+# the sweep
+# ------------------------------------------------------------------------------------------
+def run_sweep(config: BenchConfig, progress: bool = True) -> SweepResult:
+    """Run the sweep described by ``config``; never raises for a point that does not fit."""
+    validate(config)
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run_sweep(config, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_sweep(config: BenchConfig, progress: bool) -> SweepResult:
+    from .env import environment
+
+    targets = resolve_targets(config)
+    device = resolve_device(config.device)
+    sizes = sorted({int(s) for s in (config.sizes or (DEFAULT_TOKENS if config.kind == "mixers"
+                                                      else DEFAULT_IMAGE_SIZES))})
+    mem_limit = (int(config.max_memory_gb * 2 ** 30) if config.max_memory_gb
+                 else (lambda a: a // 2 if a else None)(_available_bytes(device)))
+    env = environment(device)
+    env["memory_method"] = memory_method(device) if config.measure_memory else "off"
+    env["memory_limit_gib"] = round(mem_limit / 2 ** 30, 2) if mem_limit else None
+    builder = _build_mixer if config.kind == "mixers" else _build_model
+
+    # baseline first within each size, so a budget that runs out still leaves ratios for what ran
+    ordered = sorted(targets, key=lambda t: not t.baseline)
+    jobs = [(size, t, p) for size in sizes for t in ordered for p in config.passes]
+    rows: List[dict] = []
+    history: Dict[Tuple[str, str], Dict[str, List[Tuple[float, float]]]] = {}
+    blocked: Dict[Tuple[str, str], str] = {}
+    start = time.perf_counter()
+    stopped = False
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc=f"vitmix bench {config.kind}", unit="pt", leave=False)
+    try:
+        for size, target, pass_name in jobs:
+            key = (target.label, pass_name)
+            row = {"kind": config.kind[:-1], "name": target.label, "baseline": target.baseline,
+                   "options": (",".join(f"{k}={v}" for k, v in layer_options(target).items())
+                               if config.kind == "mixers" else ""),
+                   "size": size, "tokens": size if config.kind == "mixers" else None,
+                   "batch": config.batch, "dim": config.dim if config.kind == "mixers" else None,
+                   "heads": config.heads if config.kind == "mixers" else None,
+                   "dtype": config.dtype, "pass": pass_name, "device": str(device),
+                   "status": "ok", "note": ""}
+            if bar is not None:
+                bar.set_postfix_str(f"{target.label} {size} {pass_name}")
+            elapsed = time.perf_counter() - start
+            remaining = config.max_seconds - elapsed
+            if stopped or remaining <= 0:
+                stopped = True
+                row.update(status="not run", note=f"budget of {config.max_seconds:g} s exhausted")
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
+                continue
+            if key in blocked:
+                row.update(status="skipped", note=blocked[key])
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
+                continue
+            hist = history.setdefault(key, {"time": [], "mem": []})
+            x_scale = size if config.kind == "mixers" else size * size
+            t_pred = _extrapolate(hist["time"], x_scale)
+            m_pred = _extrapolate(hist["mem"], x_scale)
+            # warm-up + at least 3 timed calls, + one FLOP-counting and one memory-tracking call
+            calls = 4 + int(config.measure_flops) + int(config.measure_memory)
+            if t_pred is not None and t_pred * calls + config.min_run_time > remaining:
+                note = (f"predicted ~{t_pred * calls + config.min_run_time:.0f} s for this point exceeds the "
+                        f"remaining budget of {remaining:.0f} s")
+                row.update(status="skipped", note=note)
+                blocked[key] = "a smaller size was already predicted to exceed the time budget"
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
+                continue
+            if m_pred is not None and mem_limit and m_pred > mem_limit:
+                note = (f"predicted peak memory {m_pred / 2 ** 30:.1f} GiB exceeds the limit "
+                        f"{mem_limit / 2 ** 30:.1f} GiB")
+                row.update(status="skipped", note=note)
+                blocked[key] = "a smaller size was already predicted to exceed the memory limit"
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
+                continue
+            try:
+                _measure_point(row, builder, target, size, pass_name, config, device)
+            except ValueError as err:
+                row.update(status="skipped", note=f"invalid size: {err}")
+            except (RuntimeError, MemoryError) as err:
+                if _is_oom(err):
+                    row.update(status="skipped", note="out of memory")
+                    blocked[key] = "a smaller size ran out of memory"
+                else:
+                    row.update(status="error", note=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            if row["status"] == "ok":
+                hist["time"].append((x_scale, row["median_ms"] / 1e3))
+                if row.get("peak_mib"):
+                    hist["mem"].append((x_scale, row["peak_mib"] * 2 ** 20))
+            rows.append(row)
+            if bar is not None:
+                bar.update(1)
+    except KeyboardInterrupt:
+        stopped = True
+        done = len(rows)
+        for size, target, pass_name in jobs[done:]:
+            rows.append({"kind": config.kind[:-1], "name": target.label, "baseline": target.baseline,
+                         "size": size, "dtype": config.dtype, "pass": pass_name, "device": str(device),
+                         "status": "not run", "note": "interrupted"})
+    finally:
+        if bar is not None:
+            bar.close()
+    _add_ratios(rows)
+    try:
+        env["load_average_1m_end"] = round(__import__("os").getloadavg()[0], 2)
+    except OSError:  # pragma: no cover
+        pass
+    result = SweepResult(config, rows, env, stopped_early=stopped, elapsed_s=time.perf_counter() - start)
+    if stopped:
+        result.notes.append(f"the sweep stopped early (budget {config.max_seconds:g} s); rows marked "
+                            f"'not run' were not measured")
+    return result
+
+
+def _measure_point(row: dict, builder, target: Target, size: int, pass_name: str, config: BenchConfig,
+                   device) -> None:
+    torch.manual_seed(config.seed)
+    point = builder(target, size, config, device)
+    row["tokens"] = point.tokens
+    row["params"] = sum(p.numel() for p in point.module.parameters())
+    fn = _make_fn(point, pass_name, device, config.dtype)
+    if config.measure_flops:
+        counted = count_flops(fn)
+        row["gflops"] = counted.total / 1e9
+        row["flops_source"] = "counter"
+        notes = []
+        if counted.uncounted_ops:
+            notes.append("no FLOP formula for " + ", ".join(counted.uncounted_ops))
+        if config.kind == "mixers" and pass_name == "fwd":
+            analytic = analytic_flops(point.module, config.batch, size)
+            row["gflops_analytic"] = None if analytic is None else analytic / 1e9
+            if analytic and counted.total < 0.999 * analytic:
+                row["gflops"] = analytic / 1e9
+                row["flops_source"] = "analytic"
+                notes.append(f"counter saw only {counted.total / 1e9:.3g} GFLOPs; analytic formula used")
+        if notes:
+            row["note"] = "; ".join(notes)
+    if config.measure_memory:
+        track = [point.module, point.inputs]
+        mem = peak_memory(fn, device, track)
+        row["peak_mib"] = None if mem.peak_bytes is None else mem.peak_bytes / 2 ** 20
+        row["memory_method"] = mem.method
+    timing = time_call(fn, device, min_run_time=config.min_run_time)
+    row["median_ms"] = timing.median_s * 1e3
+    row["iqr_ms"] = timing.iqr_s * 1e3
+    row["samples"] = len(timing.samples)
+    row["throughput"] = point.work_items / timing.median_s
+    row["throughput_unit"] = point.unit
+    row["timing_method"] = timing.method
+    del point, fn
+
+
+def _add_ratios(rows: List[dict]) -> None:
+    """Speed-up (baseline time / time), memory and FLOP ratios against the softmax baseline row.
+
+    Also marks forward+backward FLOPs of targets whose forward needed the analytic formula as a lower
+    bound: the backward of a kernel the counter cannot see is missing from them too.
+    """
+    analytic_fwd = {(r["name"], r["size"]): r["gflops"] for r in rows
+                    if r["pass"] == "fwd" and r.get("flops_source") == "analytic"}
+    for r in rows:
+        fwd = analytic_fwd.get((r["name"], r["size"]))
+        if r["pass"] == "fwd+bwd" and r["status"] == "ok" and fwd is not None and r.get("gflops") is not None:
+            r["flops_source"] = "counter (lower bound)"
+            extra = (f"FLOPs are a lower bound: the backward of a kernel the counter cannot see is missing "
+                     f"(forward alone is {fwd:.3g} GFLOPs by formula)")
+            r["note"] = "; ".join(x for x in (r.get("note"), extra) if x)
+    base = {(r["size"], r["pass"], r["dtype"]): r for r in rows if r.get("baseline") and r["status"] == "ok"}
+    for r in rows:
+        b = base.get((r["size"], r["pass"], r["dtype"]))
+        ok = r["status"] == "ok" and b is not None
+        r["speedup_vs_softmax"] = b["median_ms"] / r["median_ms"] if ok else None
+        r["memory_vs_softmax"] = (r["peak_mib"] / b["peak_mib"]
+                                  if ok and r.get("peak_mib") and b.get("peak_mib") else None)
+        r["flops_vs_softmax"] = (r["gflops"] / b["gflops"]
+                                 if ok and r.get("gflops") and b.get("gflops") else None)
+
+
+__all__ = ["BenchConfig", "SweepResult", "Target", "run_sweep", "resolve_targets", "validate",
+           "parse_mixer_spec", "token_grid", "DEFAULT_TOKENS", "DEFAULT_IMAGE_SIZES", "PASSES", "DTYPES"]

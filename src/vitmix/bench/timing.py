@@ -1,0 +1,76 @@
+"""Median latency of a call.
+
+CPU: ``torch.utils.benchmark.Timer`` with ``num_threads=torch.get_num_threads()`` (its default is
+one thread, which would under-report CPU throughput), ``blocked_autorange`` for fast calls and
+single-call repeats for slow ones. GPU: CUDA events around each call after a warm-up.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, List
+
+import torch
+import torch.utils.benchmark as tbench
+
+
+@dataclass
+class TimeResult:
+    """Median seconds per call, the individual samples and the method used."""
+
+    median_s: float
+    samples: List[float]
+    method: str
+
+    @property
+    def iqr_s(self) -> float:
+        """Inter-quartile range of the per-call samples (0 with fewer than 4 samples)."""
+        if len(self.samples) < 4:
+            return 0.0
+        q = statistics.quantiles(self.samples, n=4)
+        return q[2] - q[0]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2, min_samples: int = 3,
+              warmup: int = 1) -> TimeResult:
+    """Median latency of ``fn()`` after ``warmup`` calls.
+
+    Calls slower than ``min_run_time / min_samples`` are timed one at a time ``min_samples``
+    times; faster ones with ``blocked_autorange(min_run_time)`` (CPU) or an event loop (CUDA).
+    """
+    device = torch.device(device)
+    start = time.perf_counter()
+    for _ in range(max(warmup, 1)):
+        fn()
+        _sync(device)
+    first = (time.perf_counter() - start) / max(warmup, 1)
+    if device.type == "cuda":
+        n = max(min_samples, min(200, int(min_run_time / max(first, 1e-6))))
+        samples = []
+        for _ in range(n):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            samples.append(begin.elapsed_time(end) / 1e3)
+        return TimeResult(statistics.median(samples), samples, "CUDA events")
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    method = f"torch.utils.benchmark ({torch.get_num_threads()} threads)"
+    if first * min_samples >= min_run_time:
+        samples = [timer.timeit(1).median for _ in range(min_samples)]
+    else:
+        measurement = timer.blocked_autorange(min_run_time=min_run_time)
+        samples = list(measurement.times)
+        if len(samples) < min_samples:
+            samples += [timer.timeit(1).median for _ in range(min_samples - len(samples))]
+    return TimeResult(statistics.median(samples), samples, method)
+
+
+__all__ = ["TimeResult", "time_call"]

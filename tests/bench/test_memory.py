@@ -1,0 +1,55 @@
+"""The peak-memory probe: exact on a known allocation, and it tells linear from quadratic growth."""
+import pytest
+import torch
+
+from vitmix.bench.memory import CPU_METHOD, peak_memory
+
+
+@pytest.fixture(autouse=True)
+def _eager_l1_one_thread(monkeypatch):
+    # the eager L1 path (cdist) is the one FlopCounterMode sees; one thread keeps tiny shapes fast on a
+    # shared machine
+    monkeypatch.setenv("VITMIX_DISABLE_COMPILE", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_probe_measures_a_known_allocation():
+    def fn():
+        a = torch.empty(1024, 1024)  # 4 MiB
+        b = torch.empty(256, 1024)   # +1 MiB while a is alive
+        del a, b
+
+    res = peak_memory(fn, "cpu")
+    assert res.method == CPU_METHOD
+    assert res.peak_bytes == 5 * 2 ** 20
+
+
+def test_probe_excludes_what_existed_before():
+    w = torch.nn.Linear(512, 512)
+    x = torch.randn(8, 512)
+    res = peak_memory(lambda: w(x), "cpu", [w, x])
+    assert res.peak_bytes == 8 * 512 * 4  # only the output
+
+
+def _fwd_bwd_peak(spec: str, n: int) -> float:
+    from vitmix.bench.sweep import BenchConfig, _build_mixer, _make_fn, layer_options, parse_mixer_spec
+
+    target = parse_mixer_spec(spec)
+    config = BenchConfig(kind="mixers", names=[spec], dim=64, heads=4)
+    point = _build_mixer(target, n, config, torch.device("cpu"))
+    assert point.module.hw == (int(n ** 0.5), int(n ** 0.5)) and layer_options(target) is not None
+    fn = _make_fn(point, "fwd+bwd", torch.device("cpu"), "fp32")
+    return peak_memory(fn, "cpu", [point.module, point.inputs]).peak_bytes
+
+
+@pytest.mark.parametrize("spec,quadratic", [("softmax:fused=false", True), ("soft", False), ("laplacian", False)])
+def test_linear_vs_quadratic_memory_growth(spec, quadratic):
+    # forward+backward peak memory from N to 4N (24x24 -> 48x48 token grids), as vitmix bench measures it
+    ratio = _fwd_bwd_peak(spec, 2304) / _fwd_bwd_peak(spec, 576)
+    if quadratic:
+        assert ratio > 10, ratio
+    else:
+        assert ratio < 5, ratio
