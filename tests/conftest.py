@@ -1,7 +1,10 @@
 """Shared test settings: deterministic, quiet, and light on the 2-core CI machine."""
 import os
+import sys
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+# importlib import mode (test files share names across folders): make tests/_memory.py importable.
+sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

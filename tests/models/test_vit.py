@@ -45,3 +45,8 @@ def test_bad_model_inputs_raise_value_errors():
         vitmix.create_model("vit_nano_patch4_32", mixer="nope")
     with pytest.raises(ValueError, match="no option"):
         vitmix.create_model("deit_tiny_patch16_224", mixer="softmax", mixer_options={"fusd": True})
+
+
+def test_depth_aware_mixers_get_their_block_index_in_stock_timm_models():
+    model = vitmix.create_model("vit_nano_patch4_32", mixer="fibottention", depth=3)
+    assert [block.attn.layer_idx for block in model.blocks] == [0, 1, 2]

@@ -10,6 +10,8 @@ from .registry import create, get_mixer_class, list_mixers, register_mixer, timm
 
 # Importing a method's module registers its mixers.
 from . import softmax  # noqa: F401,E402
+from . import fibottention  # noqa: F401,E402
+from . import laplacian, soft  # noqa: F401,E402
 
 __all__ = [
     "TokenMixer", "create", "get_mixer_class", "infer_grid", "list_mixers", "register_mixer",

@@ -1,5 +1,8 @@
 """Backbones registered in timm's model registry (importing this package registers them)."""
 from . import vit  # noqa: F401
+from . import fibottention  # noqa: F401
+from . import weightformer  # noqa: F401
+from . import pyramid  # noqa: F401
 from .factory import create_model, is_vitmix_model, list_models
 
 __all__ = ["create_model", "is_vitmix_model", "list_models"]

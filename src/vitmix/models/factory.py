@@ -7,7 +7,7 @@ from typing import Optional
 import timm
 from torch import nn
 
-from ..mixers import set_token_grid
+from ..mixers import TokenMixer, set_token_grid
 from ..mixers.base import close_matches
 from ._builder import mixer_attn_layer
 
@@ -66,7 +66,20 @@ def create_model(name: str, pretrained: bool = False, *, mixer: Optional[str] = 
     except TypeError as err:  # an option the architecture does not take
         raise ValueError(f"cannot build {name!r}: {err}") from None
     _check_patch_grid(model, name)
+    _number_layers(model)
     return model
+
+
+def _number_layers(model: nn.Module) -> None:
+    """Give depth-aware mixers (e.g. Fibottention's per-layer head shuffle) their block index.
+
+    timm's ``Block`` does not pass its depth to ``attn_layer``; mixers that expose an unassigned
+    ``layer_idx`` get the index of their block, counted over all vitmix mixers in module order.
+    """
+    mixers = [m for m in model.modules() if isinstance(m, TokenMixer)]
+    for index, mixer in enumerate(mixers):
+        if hasattr(mixer, "layer_idx") and mixer.layer_idx is None:
+            mixer.layer_idx = index
 
 
 def _check_patch_grid(model: nn.Module, name: str) -> None:
