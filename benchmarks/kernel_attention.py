@@ -171,8 +171,9 @@ def main(argv=None) -> int:
         "iterations; Laplacian with λ = 4, injective normalisation, separate q/k; SOFT with tied q = k. "
         "Times are medians; peak memory is the MemTracker peak of tensors during forward+backward "
         "(inputs excluded; under MemTracker the Laplacian op runs its eager fallback, whose "
-        "chunked temporaries bound those of the fused compiled loops). The machine is shared: "
-        "other jobs ran concurrently, so absolute times are noisy.",
+        "chunked temporaries bound those of the fused compiled loops). "
+        f"1-minute load average when the table was written: {os.getloadavg()[0]:.1f} (above ~1 on 2 cores, other "
+        "jobs were running and absolute times are noisy; ratios are measured within one run).",
         "",
         "| op | N | fwd (ms) | fwd+bwd (ms) | peak fwd+bwd (MiB) | fwd speed-up vs SDPA | fwd+bwd speed-up vs SDPA |",
         "|---|---:|---:|---:|---:|---:|---:|",

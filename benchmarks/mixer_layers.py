@@ -140,8 +140,9 @@ def write_layer_results(rows, args, info, cmd) -> None:
         f"Batch 1, dim {DIM}, {HEADS} heads × {DIM // HEADS}, square token grids; kernel layers with m = {M} "
         "landmarks (adaptive pooling), 20 Newton–Schulz iterations. Times are medians; peak memory is "
         "the MemTracker peak of tensors (parameters, input, activations, gradients) during "
-        "forward+backward. The machine is shared, so absolute times are noisy; ratios are measured "
-        "within one run.",
+        "forward+backward. 1-minute load average when the table was written: "
+        f"{os.getloadavg()[0]:.1f} (above ~1 on 2 cores, other jobs were running and absolute times are noisy); "
+        "ratios are measured within one run.",
         "",
         "| layer | N | fwd (ms) | fwd+bwd (ms) | peak fwd+bwd (MiB) | fwd speed-up vs softmax | "
         "fwd+bwd speed-up vs softmax |",
