@@ -167,6 +167,39 @@ class TokenMixer(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} does not expose an attention map")
 
 
+class AttentionProjections:
+    """timm ``Attention``'s layers for mixers that score q·k: ``qkv``, ``q_norm``/``k_norm``,
+    ``attn_drop``, ``norm`` (scale_norm), ``proj``, ``proj_drop`` — same names, so timm state dicts load.
+
+    Mix into a :class:`TokenMixer` subclass and call :meth:`_init_projections` from ``__init__``.
+    """
+
+    def _init_projections(self, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer):
+        if (qk_norm or scale_norm) and norm_layer is None:
+            norm_layer = nn.LayerNorm
+        dim = self.dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _qkv(self, x: torch.Tensor):
+        """``(B, N, C)`` → normed ``q, k`` and ``v``, each ``(B, heads, N, head_dim)``."""
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def _project_out(self, out: torch.Tensor) -> torch.Tensor:
+        """Per-head ``(B, heads, N, head_dim)`` → merged, normed and projected ``(B, N, C)``."""
+        b, _, n, _ = out.shape
+        out = self.norm(out.transpose(1, 2).reshape(b, n, self.dim))
+        return self.proj_drop(self.proj(out))
+
+
 def set_token_grid(model: nn.Module, hw: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int] = None):
     """Set the token grid of every vitmix mixer inside ``model`` (e.g. a stock timm ViT)."""
     for module in model.modules():

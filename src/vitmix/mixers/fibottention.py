@@ -30,7 +30,7 @@ from ..ops.fibonacci import SHUFFLES, VARIANTS, _as_int, fibonacci_offsets, offs
 from ..ops.sparse_diagonal import (
     BACKENDS, diagonal_plan, masked_diagonal_attention, official_diagonal_attention, sparse_diagonal_attention,
 )
-from .base import TokenMixer, close_matches
+from .base import AttentionProjections, TokenMixer, close_matches
 from .registry import register_mixer
 
 __all__ = ["FibottentionAttention", "assign_layer_indices", "MODES"]
@@ -40,7 +40,7 @@ MODES = ("sparse", "masked", "official")
 
 
 @register_mixer("fibottention")
-class FibottentionAttention(TokenMixer):
+class FibottentionAttention(AttentionProjections, TokenMixer):
     """Fibottention multi-head attention, timm-compatible (parameter names of ``timm`` Attention).
 
     Args:
@@ -115,16 +115,7 @@ class FibottentionAttention(TokenMixer):
         self._layer_idx = None if layer_idx is None else _as_int(layer_idx, "layer_idx", 0)
         self._cache: Dict[Tuple, object] = {}
 
-        if (qk_norm or scale_norm) and norm_layer is None:
-            norm_layer = nn.LayerNorm
-        self.scale = self.head_dim ** -0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.norm = norm_layer(dim) if scale_norm else nn.Identity()
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
+        self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
 
     # ------------------------------------------------------------------------------- offsets
     @property
@@ -170,13 +161,8 @@ class FibottentionAttention(TokenMixer):
             hw = (1, x.shape[1] - prefix)
         return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=prefix)
 
-    def _qkv(self, x):
-        b, n, _ = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        return self.q_norm(q), self.k_norm(k), v
-
     def mix(self, x, grid, attn_mask=None, is_causal=False):
-        b, n, c = x.shape
+        n = x.shape[1]
         prefix = grid[0]
         num_tokens = n - prefix
         q, k, v = self._qkv(x)
@@ -188,8 +174,7 @@ class FibottentionAttention(TokenMixer):
             mask = self._pattern("mask", num_tokens, prefix, x.device)
             fn = masked_diagonal_attention if self.mode == "masked" else official_diagonal_attention
             out = fn(q, k, v, None, prefix, scale=self.scale, attn_drop=drop, mask=mask)
-        out = self.norm(out.transpose(1, 2).reshape(b, n, c))
-        return self.proj_drop(self.proj(out))
+        return self._project_out(out)
 
     @torch.no_grad()
     def attention_map(self, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,

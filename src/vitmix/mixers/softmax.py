@@ -10,9 +10,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .base import TokenMixer
+from .base import AttentionProjections, TokenMixer
 from .registry import register_mixer
 
 
@@ -30,7 +29,7 @@ def _masked_scores(scores: torch.Tensor, attn_mask: Optional[torch.Tensor], is_c
 
 
 @register_mixer("softmax")
-class SoftmaxAttention(TokenMixer):
+class SoftmaxAttention(AttentionProjections, TokenMixer):
     """Multi-head softmax attention (timm-compatible).
 
     Args:
@@ -57,29 +56,14 @@ class SoftmaxAttention(TokenMixer):
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
                          norm_layer, **kwargs)
-        if (qk_norm or scale_norm) and norm_layer is None:
-            norm_layer = nn.LayerNorm
-        self.scale = self.head_dim ** -0.5
         self.fused = fused
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.norm = norm_layer(dim) if scale_norm else nn.Identity()
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def _qkv(self, x):
-        b, n, _ = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        return self.q_norm(q), self.k_norm(k), v
+        self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
 
     def _weights(self, q, k, attn_mask, is_causal):
         scores = _masked_scores((q * self.scale) @ k.transpose(-2, -1), attn_mask, is_causal)
         return scores.softmax(dim=-1)
 
     def mix(self, x, grid=None, attn_mask=None, is_causal=False):
-        b, n, c = x.shape
         q, k, v = self._qkv(x)
         if self.fused:
             out = F.scaled_dot_product_attention(
@@ -88,8 +72,7 @@ class SoftmaxAttention(TokenMixer):
             )
         else:
             out = self.attn_drop(self._weights(q, k, attn_mask, is_causal)) @ v
-        out = self.norm(out.transpose(1, 2).reshape(b, n, c))
-        return self.proj_drop(self.proj(out))
+        return self._project_out(out)
 
     @torch.no_grad()
     def attention_map(self, x: torch.Tensor, attn_mask=None, is_causal=False, **grid) -> torch.Tensor:
