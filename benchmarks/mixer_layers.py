@@ -189,15 +189,14 @@ def count_macs(name: str, newton: bool, img: int = 224) -> dict:
     import vitmix  # noqa: F401
     from vitmix.mixers.laplacian import LaplacianAttention
 
-    model = timm.create_model(name, mixer_options=None if newton else {"newton_iters": 0}).eval()
+    # "without NS": the exact inverse, which FlopCounterMode does not count (no formula for linalg.inv)
+    model = timm.create_model(name, mixer_options=None if newton else {"inverse": "exact"}).eval()
     l1 = [0]
 
     def hook(mod, args, kwargs, out):
         n, (h, w) = args[0].shape[1], kwargs["hw"]
-        if mod.landmark_hw is not None:
-            m = mod.landmark_hw[0] * mod.landmark_hw[1]
-        else:
-            m = (h // mod.pool_ratio) * (w // mod.pool_ratio)
+        mh, mw = mod.landmark_count(h, w)
+        m = mh * mw
         l1[0] += mod.num_heads * mod.head_dim * (2 * n * m + m * m)  # |x - y| summed per element
 
     for mod in model.modules():

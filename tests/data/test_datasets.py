@@ -1,5 +1,6 @@
 """Datasets: the embedded digits split, Fashion-MNIST idx reading, and clear errors for missing data."""
 import gzip
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +40,14 @@ def test_fashion_mnist_reads_raw_idx_from_data_dir(tmp_path, gz):
 
 
 def test_fashion_mnist_system_package_is_read_when_installed():
-    # CI installs Debian's dataset-fashion-mnist (see .ci/run), so this path is exercised there.
-    assert FASHION_MNIST_SYSTEM_DIR.is_dir(), "run `apt-get install dataset-fashion-mnist` (as .ci/run does)"
+    """With Debian's dataset-fashion-mnist (CI installs it: CI=true makes it mandatory) the default
+    location is read; on a machine without it, ``make test`` still passes and the loader's error says
+    where it looked and how to install the package."""
+    if not FASHION_MNIST_SYSTEM_DIR.is_dir():
+        assert os.environ.get("CI", "") != "true", "CI must run `apt-get install dataset-fashion-mnist` (.ci/run)"
+        with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+            build_datasets("fashion-mnist", img_size=28)
+        return
     train, val, _ = build_datasets("fashion-mnist", img_size=28)
     assert (len(train), len(val)) == (60000, 10000)
     assert set(np.unique(val.labels)) == set(range(10))

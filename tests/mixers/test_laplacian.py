@@ -30,7 +30,7 @@ def laplacian_reference(layer, x, prefix, H, W, inverse="newton"):
 
     def pool(t):
         g = t[:, :, prefix:].reshape(b * h, H, W, d).permute(0, 3, 1, 2)
-        g = F.adaptive_avg_pool2d(g, layer.landmark_hw) if layer.landmark_hw else F.avg_pool2d(g, layer.pool_ratio)
+        g = F.adaptive_avg_pool2d(g, layer.landmark_count(H, W))
         return g.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
 
     qt, kt = pool(q), pool(k)
@@ -73,11 +73,11 @@ def _grads(fn, layer, x):
 CASES = [  # (batch, prefix, H, W, options)
     (1, 0, 6, 10, {}),
     (2, 1, 6, 4, {"norm_scale": "none"}),
-    (2, 1, 8, 8, {"pool_ratio": 4}),  # N >= 8m: landmarks from the pooled input, then projected
+    (2, 1, 8, 8, {"landmark_stride": 4}),  # N >= 8m: landmarks from the pooled input, then projected
     (3, 1, 8, 6, {"normalize": False}),
-    (2, 1, 9, 6, {"pool_ratio": 3, "rope": True}),
+    (2, 1, 9, 6, {"landmark_stride": 3, "rope": True}),
     (2, 0, 7, 5, {"num_landmarks": (3, 2), "lam": 2.0, "qk_scale": 0.5}),
-    (1, 1, 4, 4, {"pool_ratio": 1, "conv_kernel": 5}),
+    (1, 1, 4, 4, {"landmark_stride": 1, "conv_kernel": 5}),
 ]
 
 
@@ -105,7 +105,7 @@ def test_gradients_match_dense_reference(batch, prefix, H, W, opts):
 def test_structure_and_defaults():
     layer = mixers.create("laplacian", 128, 4)
     assert layer.qkv.weight.shape == (384, 128)            # separate Q, K, V projections
-    assert layer.lam == 4.0 and layer.normalize and layer.pool_ratio == 2 and layer.norm_scale == "tokens"
+    assert layer.lam == 4.0 and layer.normalize and layer.landmark_stride == 2 and layer.norm_scale == "tokens"
     assert layer.qk_scale == pytest.approx(32 ** -0.5)      # documented default input scaling
     assert layer.conv.weight.shape == (128, 1, 3, 3) and layer.conv.bias is not None  # per channel
     head = mixers.create("laplacian", 128, 4, conv_groups="head", conv_kernel=5)
@@ -151,7 +151,7 @@ def test_attention_map_is_the_normalised_map_and_reproduces_the_layer():
 
 
 def test_all_tokens_as_landmarks_and_exact_inverse_give_exact_kernel_attention():
-    layer = _make(pool_ratio=1, normalize=False, inverse="exact", newton_eps=0.0, conv_kernel=0)
+    layer = _make(landmark_stride=1, normalize=False, inverse="exact", newton_eps=0.0, conv_kernel=0)
     x = torch.randn(1, 25, 48, dtype=torch.float64)
     amap = layer.attention_map(x)
     q, k, _, _, _, _ = layer._project(x, (0, 5, 5))
@@ -175,13 +175,14 @@ def test_rope_encodes_relative_position():
 
 
 def test_bad_input_errors():
-    layer = mixers.create("laplacian", 48, 3)
-    with pytest.raises(ValueError, match="not divisible by pool_ratio=2"):
+    layer = mixers.create("laplacian", 48, 3, num_landmarks=None)   # stride-only landmarks
+    with pytest.raises(ValueError, match="not divisible by landmark_stride=2"):
         layer(torch.randn(1, 1 + 7 * 8, 48), hw=(7, 8))
+    assert mixers.create("laplacian", 48, 3)(torch.randn(1, 1 + 7 * 8, 48), hw=(7, 8)).shape == (1, 57, 48)
     with pytest.raises(ValueError, match="smaller than the 8x8=64 landmarks"):
         mixers.create("laplacian", 48, 3, num_landmarks=64)(torch.randn(1, 1 + 49, 48))
-    with pytest.raises(ValueError, match="smaller than pool_ratio=8"):
-        mixers.create("laplacian", 48, 3, pool_ratio=8)(torch.randn(1, 1 + 16, 48))
+    with pytest.raises(ValueError, match="smaller than landmark_stride=8"):
+        mixers.create("laplacian", 48, 3, landmark_stride=8)(torch.randn(1, 1 + 16, 48))
     with pytest.raises(ValueError, match="rope=True needs head_dim divisible by 4"):
         mixers.create("laplacian", 60, 6, rope=True)
     with pytest.raises(ValueError, match="lam"):
@@ -203,11 +204,13 @@ def test_floor_mode_matches_reference_on_the_trimmed_landmarks():
     torch.testing.assert_close(out, laplacian_reference(layer, x, 0, 7, 5), rtol=1e-8, atol=1e-9)
 
 
-def test_nan_input_propagates():
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_input_is_a_clear_error(bad):
     layer = mixers.create("laplacian", 48, 3)
     x = torch.randn(1, 65, 48)
-    x[0, 7, 0] = float("nan")
-    assert torch.isnan(layer(x)).any()
+    x[0, 7, 0] = bad
+    with pytest.raises(ValueError, match="contains NaN or Inf"):
+        layer(x)
 
 
 @pytest.mark.parametrize("opts", [{}, {"normalize": False, "rope": True}, {"num_landmarks": 9}])
@@ -248,7 +251,7 @@ def test_demo_model_with_laplacian_mixer():
     model = vitmix.create_model("vit_nano_patch4_32", mixer="laplacian")
     assert isinstance(model, VisionTransformer)
     layer = model.blocks[0].attn
-    assert layer.landmark_hw is None and layer.pool_ratio == 2  # 16 landmarks on the 8x8 grid
+    assert layer.landmark_count(8, 8) == (4, 4)  # 16 landmarks on the 8x8 grid (one per 2x2 block)
     logits = model(torch.randn(2, 3, 32, 32))
     assert logits.shape == (2, 10)
     logits.logsumexp(-1).sum().backward()

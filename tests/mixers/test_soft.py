@@ -22,7 +22,7 @@ def _gauss(a, b):
 def soft_reference(layer, x, prefix, H, W, inverse="newton"):
     """Full N×N SOFT attention of ``layer`` (per-head loops make the weight sharing explicit)."""
     b, n, c = x.shape
-    h, d, s = layer.num_heads, layer.head_dim, layer.sr_ratio
+    h, d, s = layer.num_heads, layer.head_dim, layer.landmark_stride
     q = F.linear(x, layer.W_q.weight, layer.W_q.bias).reshape(b, n, h, d).transpose(1, 2)
     q = q / math.sqrt(math.sqrt(d))                                # Q <- Q / d^(1/4)
     v = F.linear(x, layer.W_v.weight, layer.W_v.bias).reshape(b, n, h, d).transpose(1, 2)
@@ -81,7 +81,7 @@ def _grads(fn, layer, x):
 CASES = [  # (name, batch, prefix, H, W, options)
     ("soft", 1, 0, 6, 10, {}),
     ("soft", 3, 1, 8, 6, {"conv_kernel": 5}),
-    ("soft", 2, 0, 9, 12, {"sr_ratio": 3, "landmarks": "avgpool"}),
+    ("soft", 2, 0, 9, 12, {"landmark_stride": 3, "landmarks": "avgpool"}),
     ("soft_norm", 2, 1, 6, 10, {}),
     ("soft_norm", 1, 0, 8, 8, {"landmarks": "avgpool", "conv_kernel": 0}),
 ]
@@ -111,7 +111,7 @@ def test_gradients_match_dense_reference(name, batch, prefix, H, W, opts):
 
 
 def test_official_structure_tied_qk_and_per_head_conv():
-    layer = mixers.create("soft", 96, 3, qkv_bias=True, sr_ratio=4, conv_kernel=9)
+    layer = mixers.create("soft", 96, 3, qkv_bias=True, landmark_stride=4, conv_kernel=9)
     names = {n for n, _ in layer.named_parameters()}
     assert names == {"W_q.weight", "W_q.bias", "W_v.weight", "W_v.bias", "Qlandmark_op.weight",
                      "Qnorm_act.0.weight", "Qnorm_act.0.bias", "conv.weight", "ff.weight", "ff.bias"}
@@ -128,7 +128,8 @@ def test_official_structure_tied_qk_and_per_head_conv():
 def test_kernel_matrix_is_symmetric_with_unit_diagonal_when_landmarks_are_all_tokens():
     # avgpool with stride 1: the landmarks are the tokens, so Ŝ = S·NS(S)·S; with the exact
     # inverse of S + εI this is ≈ S (tied Q = K gives a symmetric S with S_ii = 1)
-    layer = mixers.create("soft", 32, 2, sr_ratio=1, landmarks="avgpool", inverse="exact", conv_kernel=0).double()
+    layer = mixers.create("soft", 32, 2, landmark_stride=1, landmarks="avgpool", inverse="exact",
+                          conv_kernel=0).double()
     x = torch.randn(2, 16, 32, dtype=torch.float64)
     amap = layer.attention_map(x)
     torch.testing.assert_close(amap, amap.transpose(-1, -2), rtol=1e-9, atol=1e-9)
@@ -156,8 +157,8 @@ def test_soft_norm_differs_from_soft_only_by_landmark_degrees():
 
 
 def test_fixed_landmark_count_by_adaptive_pooling():
-    layer = _make("soft", sr_ratio=2, num_landmarks=16).eval()
-    fixed = mixers.create("soft", 48, 3, qkv_bias=True, sr_ratio=2).double().eval()
+    layer = _make("soft", landmark_stride=2, num_landmarks=16).eval()
+    fixed = mixers.create("soft", 48, 3, qkv_bias=True, landmark_stride=2).double().eval()
     fixed.load_state_dict(layer.state_dict())
     x = torch.randn(1, 64, 48, dtype=torch.float64)
     # at the grid the conv was made for (8x8 = 4·2 x 4·2) adaptive pooling is the identity
@@ -170,18 +171,19 @@ def test_fixed_landmark_count_by_adaptive_pooling():
 
 
 def test_floor_mode_drops_border_tokens_like_the_official_conv():
-    layer = _make("soft", grid_remainder="floor")
+    layer = _make("soft", grid_remainder="floor", num_landmarks=None)
     x = torch.randn(2, 7 * 9, 48, dtype=torch.float64)
     out = layer(x, hw=(7, 9))
     torch.testing.assert_close(out, soft_reference(layer, x, 0, 7, 9), rtol=1e-9, atol=1e-10)
 
 
 def test_bad_input_errors():
-    layer = mixers.create("soft", 48, 3)
-    with pytest.raises(ValueError, match="not divisible by sr_ratio=2.*grid_remainder='floor'"):
+    layer = mixers.create("soft", 48, 3, num_landmarks=None)   # the official stride-only landmarks
+    with pytest.raises(ValueError, match="not divisible by landmark_stride=2.*grid_remainder='floor'"):
         layer(torch.randn(1, 7 * 8, 48), hw=(7, 8))
-    with pytest.raises(ValueError, match="smaller than sr_ratio=4"):
-        mixers.create("soft", 48, 3, sr_ratio=4)(torch.randn(1, 9, 48))
+    assert mixers.create("soft", 48, 3)(torch.randn(1, 7 * 8, 48), hw=(7, 8)).shape == (1, 56, 48)  # 'auto' pools
+    with pytest.raises(ValueError, match="smaller than landmark_stride=4"):
+        mixers.create("soft", 48, 3, landmark_stride=4)(torch.randn(1, 9, 48))
     with pytest.raises(ValueError, match="smaller than the 7x7=49 landmarks"):
         mixers.create("soft", 48, 3, num_landmarks=49)(torch.randn(1, 36, 48))
     with pytest.raises(ValueError, match="perfect square"):
@@ -200,11 +202,13 @@ def test_bad_input_errors():
         layer(torch.randn(1, 98, 48))  # no square grid after 0..16 prefix tokens
 
 
-def test_nan_input_propagates():
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_input_is_a_clear_error(bad):
     layer = mixers.create("soft", 48, 3)
     x = torch.randn(1, 64, 48)
-    x[0, 5, 3] = float("nan")
-    assert torch.isnan(layer(x)).any()
+    x[0, 5, 3] = bad
+    with pytest.raises(ValueError, match="contains NaN or Inf"):
+        layer(x)
 
 
 @pytest.mark.parametrize("name", ["soft", "soft_norm"])

@@ -49,7 +49,7 @@ def test_official_structure():
     for i, (sr, k) in enumerate(expected):
         for blk in model.stages[i].blocks:
             assert isinstance(blk, PostNormBlock) and type(blk.attn) is SoftAttention
-            assert blk.attn.sr_ratio == sr and blk.attn.conv_kernel == k and blk.attn.head_dim == 32
+            assert blk.attn.landmark_stride == sr and blk.attn.conv_kernel == k and blk.attn.head_dim == 32
             assert blk.norm1.eps == 1e-5 and blk.mlp.fc1.out_features == 4 * blk.norm1.normalized_shape[0]
             assert blk.mlp.act.approximate == "tanh"
             assert blk.attn.W_q.bias is not None
@@ -67,7 +67,7 @@ def test_official_structure():
 
 def test_laplacianformer_structure_and_rope_option():
     model = timm.create_model("laplacianformer_tiny", rope=True)
-    ratios = [s.blocks[0].attn.pool_ratio for s in model.stages]
+    ratios = [s.blocks[0].attn.landmark_stride for s in model.stages]
     assert ratios == [8, 4, 2, 1]
     assert all(isinstance(b, PreNormBlock) and isinstance(b.attn, LaplacianAttention) and b.attn.rope
                for s in model.stages for b in s.blocks)
@@ -125,11 +125,11 @@ def test_positional_embeddings_resize_bilinearly_and_keep_cls():
 def test_mixer_and_mixer_options_pass_through():
     model = vitmix.create_model("soft_tiny", mixer_options={"landmarks": "avgpool", "conv_kernel": 3})
     attn = model.stages[0].blocks[0].attn
-    assert attn.landmarks == "avgpool" and attn.conv_kernel == 3 and attn.sr_ratio == 8
+    assert attn.landmarks == "avgpool" and attn.conv_kernel == 3 and attn.landmark_stride == 8
     per_stage = [{"num_landmarks": 4}, {}, {}, {"lam": 2.0}]
     lap = vitmix.create_model("laplacianformer_tiny", mixer_options=per_stage)
     assert lap.stages[0].blocks[0].attn.landmark_hw == (2, 2) and lap.stages[3].blocks[0].attn.lam == 2.0
-    assert lap.stages[1].blocks[0].attn.landmark_hw is None
+    assert lap.stages[1].blocks[0].attn.landmark_hw == "auto"
     swapped = vitmix.create_model("soft_tiny", mixer="softmax")
     assert all(type(b.attn) is SoftmaxAttention for s in swapped.stages for b in s.blocks)
     assert swapped(torch.randn(1, 3, 64, 64)).shape == (1, 1000)

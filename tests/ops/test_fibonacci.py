@@ -252,8 +252,8 @@ def test_torch_backend_runs_without_the_c_kernel(monkeypatch):
 def test_failed_compile_falls_back_to_torch_with_a_warning(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", "/bin/false")
     monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))  # nothing cached there
-    monkeypatch.setattr(sd, "_KERNEL", None)
-    monkeypatch.setattr(sd, "_KERNEL_TRIED", False)
+    monkeypatch.setattr(sd._DIAGONAL, "_lib", None)     # forget the loaded library (restored afterwards)
+    monkeypatch.setattr(sd._DIAGONAL, "_tried", False)
     with pytest.warns(RuntimeWarning, match="could not compile"):
         assert not sd.kernel_available()
     q = torch.randn(1, 2, 9, 4)

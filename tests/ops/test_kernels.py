@@ -83,21 +83,101 @@ def test_gaussian_clamps_rounding_negative_distance():
     assert torch.all(out <= 1.0) and torch.allclose(out, torch.ones(3, 3))
 
 
-def test_compiled_laplacian_path_matches_reference(monkeypatch):
-    """The fused torch.compile loops (used for large CPU problems) give the same numbers, incl. odd N."""
-    monkeypatch.setattr(_l1, "_COMPILE_MIN_ELEMENTS", 0)
+L1_BACKENDS = ["c", "eager"] if _l1.L1_KERNEL.load() is not None else ["eager"]
+
+
+def _force_l1_backend(monkeypatch, backend):
+    if backend == "c":
+        monkeypatch.setattr(_l1, "_C_MIN_ELEMENTS", 0)     # every size takes the C kernel
+    else:
+        monkeypatch.setenv("VITMIX_DISABLE_C_KERNEL", "1")
+
+
+@pytest.mark.parametrize("backend", L1_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_laplacian_backends_match_reference(monkeypatch, backend, dtype):
+    """The C kernel and the eager path give the reference's numbers: odd N/M/d, batch 1 and > 1, row
+    counts that are not multiples of the C kernel's row blocks, and exact ties (sign(0) = 0)."""
+    _force_l1_backend(monkeypatch, backend)
     torch.manual_seed(2)
-    for xs, ys in [((2, 3, 37, 16), (2, 3, 7, 16)), ((1, 1, 130, 8), (1, 1, 9, 8))]:
-        x = torch.randn(xs)
-        y = torch.randn(ys)
-        g = torch.randn(xs[:-1] + (ys[-2],))
+    for xs, ys in [((2, 3, 37, 16), (2, 3, 7, 16)), ((1, 1, 130, 8), (1, 1, 9, 8)), ((1, 5, 3), (1, 4, 3))]:
+        x = torch.randn(xs, dtype=dtype)
+        y = torch.randn(ys, dtype=dtype)
+        y[..., 0, :] = x[..., 0, :]                              # ties: zero subgradient
+        g = torch.randn(xs[:-1] + (ys[-2],), dtype=dtype)
         o1, gx1, gy1 = _grads(lambda a, b: laplacian_kernel(a, b, 4.0), x, y, g)
-        assert _l1._compile_broken is None, f"torch.compile path failed: {_l1._compile_broken}"
         o2, gx2, gy2 = _grads(lambda a, b: laplacian_kernel_reference(a, b, 4.0), x.double(), y.double(), g.double())
-        # float32 sums of <= 16 terms / <= 130 terms: 1e-5 relative covers the rounding
-        torch.testing.assert_close(o1, o2.float(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(gx1, gx2.float(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(gy1, gy2.float(), rtol=1e-5, atol=1e-5)
+        # float32: sums of <= 16 terms / <= 130 terms, 1e-5 relative covers the rounding; float64: 1e-12
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(o1, o2.to(dtype), **tol)
+        torch.testing.assert_close(gx1, gx2.to(dtype), **tol)
+        torch.testing.assert_close(gy1, gy2.to(dtype), **tol)
+
+
+def test_laplacian_c_kernel_gradcheck(monkeypatch):
+    if "c" not in L1_BACKENDS:
+        pytest.fail("no C compiler: the C kernel could not be built (install cc/gcc)")
+    _force_l1_backend(monkeypatch, "c")
+    x = torch.randn(2, 11, 3, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: laplacian_kernel(a, b, 2.0), (x, y), eps=1e-6, atol=1e-8)
+
+
+def test_laplacian_without_a_compiler_falls_back_to_eager(monkeypatch, tmp_path):
+    """Fault injection: a compiler that fails and an empty cache -> one warning, then the eager path
+    with the same numbers."""
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_l1.L1_KERNEL, "_lib", None)
+    monkeypatch.setattr(_l1.L1_KERNEL, "_tried", False)
+    monkeypatch.setattr(_l1, "_C_MIN_ELEMENTS", 0)
+    x, y = torch.randn(3, 17, 8, requires_grad=True), torch.randn(3, 5, 8, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="could not compile the l1_kernel"):
+        out = laplacian_kernel(x, y, 4.0)
+    out.sum().backward()
+    ref = laplacian_kernel_reference(x.detach(), y.detach(), 4.0)
+    torch.testing.assert_close(out.detach(), ref, rtol=1e-5, atol=1e-6)
+    assert list(tmp_path.iterdir()) == []                    # nothing half-written left behind
+
+
+def test_corrupt_cached_l1_library_is_rebuilt(monkeypatch, tmp_path):
+    """Fault injection: a truncated library in the cache (a killed build, a full disk) is detected on
+    load, rebuilt, and the kernel works."""
+    if "c" not in L1_BACKENDS:
+        pytest.fail("no C compiler: the C kernel could not be built (install cc/gcc)")
+    from vitmix.ops._cbuild import find_compiler
+
+    monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_l1.L1_KERNEL, "_lib", None)
+    monkeypatch.setattr(_l1.L1_KERNEL, "_tried", False)
+    target = Path(_l1.L1_KERNEL.library_path(find_compiler()))
+    target.write_bytes(b"\x7fELF" + bytes(96))                 # a truncated library where the cache expects one
+    with pytest.warns(RuntimeWarning, match="rebuilt"):
+        assert _l1.L1_KERNEL.load() is not None
+    assert target.stat().st_size > 1000
+    _force_l1_backend(monkeypatch, "c")
+    x, y = torch.randn(2, 9, 4), torch.randn(2, 3, 4)
+    torch.testing.assert_close(laplacian_kernel(x, y), laplacian_kernel_reference(x, y), rtol=1e-5, atol=1e-6)
+
+
+def test_concurrent_first_use_from_several_processes(tmp_path):
+    """Several processes building the C kernel into one empty cache at once (torchrun, pytest-xdist)
+    all succeed and agree: the build writes atomically."""
+    import os
+    import subprocess
+
+    code = ("import torch, vitmix.ops._l1 as l; from vitmix.ops import laplacian_kernel, laplacian_kernel_reference;"
+            "l._C_MIN_ELEMENTS = 0; assert l.L1_KERNEL.load() is not None; torch.manual_seed(0);"
+            "x, y = torch.randn(2, 33, 8), torch.randn(2, 5, 8);"
+            "torch.testing.assert_close(laplacian_kernel(x, y), laplacian_kernel_reference(x, y),"
+            " rtol=1e-5, atol=1e-6)")
+    env = dict(os.environ, VITMIX_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    env.pop("VITMIX_DISABLE_C_KERNEL", None)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert len(list(tmp_path.glob("l1_kernel_*.so"))) == 1 and not list(tmp_path.glob("*.tmp"))
 
 
 @pytest.mark.parametrize("name", KERNELS)

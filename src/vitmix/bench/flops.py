@@ -227,7 +227,8 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
 
     Kernel blocks cost one distance product each (``2·rows·cols·d``; the Gaussian via a GEMM, the
     Laplacian via ``cdist``), Newton–Schulz ``4·m³`` per iteration (two ``m×m`` products), the
-    exact inverse ``2·m³``, and the right-to-left products ``2·N·m·d_v`` / ``2·m²·d_v`` each.
+    exact inverse ``2·m³``, and the right-to-left products ``2·N·m·d_v`` / ``2·m²·d_v`` each. Untied
+    landmarks add the ``2·m³`` residual check of the identity start (a rare fallback rerun is not counted).
     """
     nk = n if n_keys is None else n_keys
     dv = d if d_v is None else d_v
@@ -235,6 +236,7 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
     total += 0 if tied else 2 * nk * m * d        # C_k = k(K, L_q)
     total += 2 * m * m * d                        # W = k(L_q, L_k)
     total += 2 * m ** 3 if inverse == "exact" else 4 * m ** 3 * iters
+    total += 2 * m ** 3 if inverse != "exact" and not tied else 0   # ||I - P V|| check
     if normalization == "injective":
         total += 2 * n * m * m                    # covariance of C_q over queries
         total += 4 * m ** 3                       # T = Mᵀ cov M
@@ -247,22 +249,13 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
 
 
 def _grid(mixer, n: int):
-    hw = getattr(mixer, "hw", None)
-    prefix = getattr(mixer, "num_prefix_tokens", None) or 0
-    if hw is None:
-        import math
-
-        side = math.isqrt(n - prefix)
-        hw = (side, side)
-    return prefix, int(hw[0]), int(hw[1])
+    return mixer.token_grid(n)
 
 
-def _landmarks(mixer, n: int, stride: int) -> int:
+def _landmarks(mixer, n: int) -> int:
     _, h, w = _grid(mixer, n)
-    fixed = getattr(mixer, "landmark_hw", None)
-    if fixed is not None:
-        return int(fixed[0]) * int(fixed[1])
-    return (h // stride) * (w // stride)
+    mh, mw = mixer.landmark_count(h, w)
+    return mh * mw
 
 
 def _local_conv(mixer, batch: int, n: int) -> int:
@@ -275,8 +268,8 @@ def _local_conv(mixer, batch: int, n: int) -> int:
 @register_analytic_flops("soft_norm")
 def _soft_flops(mixer, batch: int, n: int) -> int:
     d, h = mixer.head_dim, mixer.num_heads
-    s = mixer.sr_ratio
-    m = _landmarks(mixer, n, s)
+    s = mixer.landmark_stride
+    m = _landmarks(mixer, n)
     total = _linears(mixer, batch * n)  # W_q, W_v, ff
     if mixer.landmarks == "conv":
         total += 2 * batch * h * m * d * d * s * s
@@ -288,7 +281,7 @@ def _soft_flops(mixer, batch: int, n: int) -> int:
 @register_analytic_flops("laplacian")
 def _laplacian_flops(mixer, batch: int, n: int) -> int:
     d, h = mixer.head_dim, mixer.num_heads
-    m = _landmarks(mixer, n, mixer.pool_ratio)
+    m = _landmarks(mixer, n)
     total = _linears(mixer, batch * n)  # qkv, proj
     if not (getattr(mixer, "rope", False) or getattr(mixer, "qk_normed", False)) and n >= 8 * m:
         # landmarks: the pooled input projected by the q/k rows of qkv (pooling commutes with it);

@@ -84,6 +84,11 @@ class TokenMixer(nn.Module):
     spatial: bool = False
     #: mixers that honour an additive/boolean ``attn_mask`` set this to True
     supports_attn_mask: bool = False
+    #: cost in the number of tokens N with the default options: "linear", "n log n" or "quadratic"
+    complexity: str = "quadratic"
+    #: kernel mixers (inverses, normalisers) reject NaN/Inf inputs with a ``ValueError`` instead of
+    #: propagating them into an iteration that would hide where they came from
+    rejects_non_finite: bool = False
 
     def __init__(
         self,
@@ -131,6 +136,12 @@ class TokenMixer(nn.Module):
                     names.append(p.name)
         return sorted(set(names))
 
+    @classmethod
+    def stage_options(cls, stage: int, stride: int, newton_iters: int) -> dict:
+        """Options this mixer takes in stage ``stage`` (0–3) of a pyramid backbone whose landmark
+        stride there is ``stride``; mixers without landmarks need none."""
+        return {}
+
     def set_grid(self, hw: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int] = None) -> None:
         """Fix the token grid used when ``forward`` is not given one."""
         self.hw = tuple(hw) if hw is not None else None
@@ -149,14 +160,23 @@ class TokenMixer(nn.Module):
             raise ValueError(
                 f"{type(self).__name__} expects x of shape (B, N, {self.dim}), got {tuple(x.shape)}"
             )
+        if self.rejects_non_finite and not torch.compiler.is_compiling() and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{type(self).__name__}: the input x contains NaN or Inf values; check the layers "
+                             f"before it (a diverged training step, a bad learning rate or an fp16 overflow)")
         if (attn_mask is not None or is_causal) and not self.supports_attn_mask:
             raise ValueError(
                 f"{type(self).__name__} does not support attn_mask/is_causal; use the 'softmax' mixer"
             )
+        grid = self.token_grid(x.shape[1], hw, num_prefix_tokens) if self.spatial else None
+        return self.mix(x, grid=grid, attn_mask=attn_mask, is_causal=is_causal)
+
+    def token_grid(self, n_tokens: int, hw: Optional[Tuple[int, int]] = None,
+                   num_prefix_tokens: Optional[int] = None) -> Tuple[int, int, int]:
+        """``(prefix, H, W)`` for ``n_tokens`` tokens: the per-call grid, else the one set on the
+        mixer, else a square inferred after the prefix tokens. The one place a mixer resolves its grid."""
         hw = hw if hw is not None else self.hw
         prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
-        grid = resolve_grid(x.shape[1], hw, prefix) if self.spatial else None
-        return self.mix(x, grid=grid, attn_mask=attn_mask, is_causal=is_causal)
+        return resolve_grid(n_tokens, hw, prefix)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):  # pragma: no cover - abstract
         """Mix tokens. ``grid`` is ``(prefix, H, W)`` for spatial mixers, else ``None``."""

@@ -65,6 +65,7 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         ``(N, P, device)``); pass ``num_prefix_tokens`` alone for sequences that are not a square.
     """
 
+    complexity = "n log n"
     spatial = True
 
     def __init__(

@@ -11,10 +11,11 @@ documented in ``docs/soft-laplacianformer.md``:
   ``d^(-1/2)`` plays the role of softmax's ``1/√d``. ``qk_scale=1.0`` gives the raw kernel;
   ``qk_norm=True`` adds a per-head LayerNorm on ``q`` and ``k`` before the scaling;
 * **separate** ``Q`` and ``K`` projections (one fused ``qkv`` linear, as timm);
-* **landmarks** by average pooling ``r×r`` with stride ``r`` (``pool_ratio``) of the grid queries and
-  keys, or adaptive average pooling to a fixed count (``num_landmarks``);
+* **landmarks** by average pooling ``r×r`` with stride ``r`` (``landmark_stride``) of the grid queries and
+  keys, at most 7×7 = 49 of them by default (adaptive pooling: O(N) at any resolution);
 * ``Ĝ = K(Q, K̃) · NS(K(Q̃, K̃)) · K(Q̃, K)`` evaluated right to left; the landmark matrix is not
-  symmetric, so Newton–Schulz starts from ``α·Pᵀ`` with a safe per-matrix ``α`` (see ``vitmix.ops``);
+  symmetric, so Newton–Schulz starts from the scaled identity, checked per matrix with a fallback to
+  the always-convergent ``α·Pᵀ`` start (see :func:`vitmix.ops.newton_schulz_inverse`);
 * the **injective normalised feature map** (default ``normalize=True``): each row is centred by
   its mean over keys, each key column is divided by ``√(var over queries + norm_eps)``, and
   ``1/N`` is added; computed in linear time by :func:`vitmix.ops.nystrom_attention`. By default
@@ -39,12 +40,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
-from .base import TokenMixer, resolve_grid
-from .registry import register_mixer
-from .soft import (
-    LandmarkCount, check_choice, check_grid, grid_channels_first, head_conv, landmark_grid,
-    merge_heads, reject_unsupported, tokens_from_channels_first,
+from .base import TokenMixer
+from .grid import (
+    LandmarkCount, check_choice, check_newton, grid_channels_first, head_conv, landmark_grid, landmark_shape,
+    merge_heads, reject_unsupported, stride_option, tokens_from_channels_first,
 )
+from .registry import register_mixer
 
 
 def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -> torch.Tensor:
@@ -74,11 +75,13 @@ class LaplacianAttention(TokenMixer):
         dim, num_heads: channels and heads.
         qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer: timm's meaning (``qk_norm`` uses
             ``norm_layer`` or LayerNorm on each head's ``q`` and ``k``).
-        pool_ratio: landmark pooling ratio ``r`` on the token grid (per stage 8 / 4 / 2 / 1 in the
-            pyramid). The default 2 gives m = 16 landmarks on an 8×8 grid, 49 on 14×14.
-        num_landmarks: fixed landmark count by adaptive average pooling (a perfect square or
-            ``(mh, mw)``); overrides ``pool_ratio``. Keeps m (and the cost per token) constant at
-            high resolution.
+        landmark_stride: landmark pooling window ``r`` on the token grid (per stage 8 / 4 / 2 / 1 in
+            the pyramid; default 2).
+        pool_ratio: deprecated name of ``landmark_stride`` (warns).
+        num_landmarks: ``"auto"`` (default): one landmark per ``r×r`` block, at most 7×7 = 49, by
+            adaptive average pooling — 16 landmarks on an 8×8 grid, 49 on 14×14 and on any larger
+            grid, so the layer is O(N) at any resolution; a perfect square or ``(mh, mw)``: that fixed
+            count; ``None``: ``r×r`` pooling alone (m = N/r², quadratic cost at high resolution).
         lam: Laplacian kernel bandwidth λ (default 4).
         qk_scale: multiplier of ``q`` and ``k`` before the L1 distance; ``None`` → ``d^(-1/2)``.
         normalize: apply the injective normalised feature map (default) or not (ablation).
@@ -87,10 +90,14 @@ class LaplacianAttention(TokenMixer):
             ``ZV = mean(V) + (R·D^(-1/2)·V)/N`` (an average plus a unit-scale contrast; still
             injective); ``"none"`` is the reconstructed paper formula ``Z = R·D^(-1/2) + 1/N``, whose
             ``√N``-sized outputs give ~20x larger gradients at initialisation and train poorly
-            with gradient clipping (see ``docs/soft-laplacianformer.md``).
+            with gradient clipping (see ``docs/soft-laplacianformer.md``); ``"sqrt"`` divides by √N
+            (ablation).
+        temperature: ``"head"`` multiplies the whitened part by a learnt per-head factor (ablation;
+            ``"none"`` default).
         newton_iters, newton_eps: Newton–Schulz iterations (20) and diagonal perturbation (0.01).
-        newton_alpha: ``"safe"`` (default: start ``α·Pᵀ``, ``α = 1/(‖P‖₁‖P‖∞)`` for the
-            non-symmetric landmark matrix ``P = W + εI``) or ``"official"`` (the authors' CUDA:
+        newton_alpha: ``"safe"`` (default: start ``I/‖P‖∞`` for the non-symmetric landmark matrix
+            ``P = W + εI``, checked per matrix, falling back to ``α·Pᵀ``), ``"transpose"`` (always
+            ``α·Pᵀ``, ``α = 1/(‖P‖₁‖P‖∞)``: safe but slow) or ``"official"`` (the authors' CUDA:
             ``V₀ = α·P``, ``α = 1.8/‖W‖∞²``, which can diverge for tiny kernel values).
         inverse: ``"newton"`` (default) or ``"exact"`` (linear solve; analysis).
         conv_kernel: local depthwise conv size on ``V`` (default 3; 0/None disables).
@@ -98,14 +105,16 @@ class LaplacianAttention(TokenMixer):
             per-head filter shared across the head's channels, no bias).
         rope: apply 2-D axial RoPE to grid queries and keys (needs ``head_dim % 4 == 0``).
         rope_base: RoPE frequency base.
-        grid_remainder: ``"error"`` (default) or ``"floor"`` when the grid is not divisible by
-            ``pool_ratio``.
+        grid_remainder: with ``num_landmarks=None``, ``"error"`` (default) or ``"floor"`` when the
+            grid is not divisible by the stride.
         hw, num_prefix_tokens: the token grid (see :class:`~vitmix.mixers.base.TokenMixer`).
 
     ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
     """
 
     spatial = True
+    rejects_non_finite = True
+    complexity = "linear"
 
     def __init__(
         self,
@@ -119,8 +128,8 @@ class LaplacianAttention(TokenMixer):
         proj_drop: float = 0.0,
         norm_layer: Optional[type] = None,
         *,
-        pool_ratio: int = 2,
-        num_landmarks: LandmarkCount = None,
+        landmark_stride: Optional[int] = None,
+        num_landmarks: LandmarkCount = "auto",
         lam: float = 4.0,
         qk_scale: Optional[float] = None,
         normalize: bool = True,
@@ -135,30 +144,31 @@ class LaplacianAttention(TokenMixer):
         rope: bool = False,
         rope_base: float = 100.0,
         grid_remainder: str = "error",
+        temperature: str = "none",
+        pool_ratio: Optional[int] = None,
         **kwargs,
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
                          norm_layer, **kwargs)
         name = type(self).__name__
         reject_unsupported(name, False, scale_norm, attn_drop)
+        stride = stride_option(name, landmark_stride, {"pool_ratio": pool_ratio}, default=2)
         check_choice("inverse", inverse, ("newton", "exact"))
-        check_choice("newton_alpha", newton_alpha, ("safe", "official"))
+        check_choice("newton_alpha", newton_alpha, ("safe", "transpose", "official"))
         check_choice("conv_groups", conv_groups, ("channel", "head"))
-        check_choice("norm_scale", norm_scale, ("none", "tokens"))
+        check_choice("norm_scale", norm_scale, ("none", "tokens", "sqrt"))
+        check_choice("temperature", temperature, ("none", "head"))
         check_choice("grid_remainder", grid_remainder, ("error", "floor"))
-        if int(pool_ratio) < 1:
-            raise ValueError(f"pool_ratio={pool_ratio} must be >= 1")
         if not lam > 0:
             raise ValueError(f"lam={lam} must be > 0 (the Laplacian kernel bandwidth)")
         if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
             raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
-        if int(newton_iters) < 0 or float(newton_eps) < 0:
-            raise ValueError(f"newton_iters={newton_iters} and newton_eps={newton_eps} must be >= 0")
+        check_newton(name, newton_iters, newton_eps, inverse)
         d, h = self.head_dim, num_heads
         if rope and d % 4:
             raise ValueError(f"rope=True needs head_dim divisible by 4, got head_dim={d} (dim={dim}, "
                              f"num_heads={num_heads}); change num_heads or set rope=False")
-        self.pool_ratio = int(pool_ratio)
+        self.landmark_stride = stride
         self.landmark_hw = landmark_grid(num_landmarks)
         self.lam = float(lam)
         self.qk_scale = float(qk_scale) if qk_scale is not None else d ** -0.5
@@ -190,20 +200,32 @@ class LaplacianAttention(TokenMixer):
                 self.conv = nn.Conv2d(h, h, kernel_size=k, padding=k // 2, groups=h, bias=False)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.log_tau = nn.Parameter(torch.zeros(h)) if temperature == "head" else None
+
+    @classmethod
+    def stage_options(cls, stage: int, stride: int, newton_iters: int) -> dict:
+        """Per-stage options in the pyramid backbones (stride 8 / 4 / 2 / 1)."""
+        return dict(landmark_stride=stride, newton_iters=newton_iters)
 
     def extra_repr(self) -> str:
-        m = f"num_landmarks={self.landmark_hw}" if self.landmark_hw else f"pool_ratio={self.pool_ratio}"
+        m = f"landmark_stride={self.landmark_stride}, num_landmarks={self.landmark_hw!r}"
         return (f"heads={self.num_heads}, head_dim={self.head_dim}, {m}, lam={self.lam}, "
                 f"qk_scale={self.qk_scale:.4g}, normalize={self.normalize}, rope={self.rope}")
 
     # -- pieces --------------------------------------------------------------------------------
+    def landmark_count(self, h: int, w: int):
+        """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits)."""
+        return landmark_shape(type(self).__name__, h, w, self.landmark_stride, self.landmark_hw,
+                              self.grid_remainder)
+
     def _pool_map(self, g: torch.Tensor) -> torch.Tensor:
         """Landmark pooling of a channels-first grid ``(B', C', H, W)``."""
-        if self.landmark_hw is not None:
-            return F.adaptive_avg_pool2d(g, self.landmark_hw)
-        if self.pool_ratio > 1:
-            return F.avg_pool2d(g, self.pool_ratio, self.pool_ratio)
-        return g
+        h, w = g.shape[-2:]
+        mh, mw = self.landmark_count(h, w)
+        s = self.landmark_stride
+        if self.landmark_hw is None or (mh * s, mw * s) == (h, w):
+            return F.avg_pool2d(g, s, s) if s > 1 else g       # plain r×r pooling (floors a remainder)
+        return F.adaptive_avg_pool2d(g, (mh, mw))
 
     def _pool(self, t: torch.Tensor, grid) -> torch.Tensor:
         """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""
@@ -217,12 +239,10 @@ class LaplacianAttention(TokenMixer):
         prefix, h, w = grid
         b, n, c = x.shape
         nh, d = self.num_heads, self.head_dim
-        check_grid(type(self).__name__, h, w, self.pool_ratio, self.landmark_hw, self.grid_remainder,
-                   "pool_ratio")
+        mh, mw = self.landmark_count(h, w)
+        m = mh * mw
         y = self.qkv(x)
         q, k, v = y.view(b, n, 3, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
-        m = (self.landmark_hw[0] * self.landmark_hw[1] if self.landmark_hw is not None
-             else (h // self.pool_ratio) * (w // self.pool_ratio))
         if self.rope or self.qk_normed or n < 8 * m:
             q, k = self.q_norm(q), self.k_norm(k)
             if self.rope:
@@ -244,10 +264,15 @@ class LaplacianAttention(TokenMixer):
             iters=self.newton_iters, eps=self.newton_eps, alpha=self.newton_alpha, inverse=self.inverse,
             normalization="injective" if self.normalize else None, norm_eps=self.norm_eps,
         )
-        if self.normalize and self.norm_scale == "tokens":
+        if self.normalize and (self.norm_scale != "none" or self.log_tau is not None):
             # Z = R·D^(-1/2) + 1/N  →  R·D^(-1/2)/N + 1/N: ZV = mean(V) + (whitened part)/N
             mean_v = v.mean(-2, keepdim=True).to(out.dtype)
-            out = (out - mean_v) / v.shape[-2] + mean_v
+            n = v.shape[-2]
+            scale = {"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale]
+            contrast = (out - mean_v) * scale
+            if self.log_tau is not None:
+                contrast = contrast * self.log_tau.exp().view(-1, 1, 1).to(out.dtype)
+            out = contrast + mean_v
         return out
 
     def _local(self, y: torch.Tensor, v: torch.Tensor, grid) -> torch.Tensor:
@@ -276,9 +301,7 @@ class LaplacianAttention(TokenMixer):
 
         O(N²): for analysis only.
         """
-        hw = hw if hw is not None else self.hw
-        prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
-        grid = resolve_grid(x.shape[1], hw, prefix)
+        grid = self.token_grid(x.shape[1], hw, num_prefix_tokens)
         q, k, _, lq, lk, _ = self._project(x, grid)
         eye = torch.eye(x.shape[1], dtype=q.dtype, device=q.device).expand(q.shape[0], self.num_heads, -1, -1)
         return self._attend(q, k, eye, lq, lk)

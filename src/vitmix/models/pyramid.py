@@ -37,6 +37,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models._features import feature_take_indices
 
 from ..mixers import create as create_mixer
+from ..mixers import get_mixer_class
 from ._builder import model_cfg
 
 __all__ = ["PyramidTransformer", "checkpoint_filter_fn"]
@@ -146,20 +147,8 @@ class PyramidStage(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# stage mixer defaults
+# stage mixer options (each mixer class states its per-stage defaults: ``stage_options``)
 # ---------------------------------------------------------------------------------------------
-_SOFT_CONV_KERNELS = (9, 5, 3, 3)
-
-
-def _stage_defaults(mixer: str, stage: int, sr_ratio: int, newton_iters: int) -> dict:
-    """Per-stage mixer options of the official configurations (only for mixers that take them)."""
-    if mixer in ("soft", "soft_norm"):
-        return dict(sr_ratio=sr_ratio, conv_kernel=_SOFT_CONV_KERNELS[stage], newton_iters=newton_iters)
-    if mixer == "laplacian":
-        return dict(pool_ratio=sr_ratio, newton_iters=newton_iters)
-    return {}
-
-
 def _stage_options(mixer_options, stage: int) -> dict:
     if mixer_options is None:
         return {}
@@ -246,7 +235,7 @@ class PyramidTransformer(nn.Module):
             name = mixer if kernel_stage else "softmax"
             opts = dict(qkv_bias=qkv_bias)
             if kernel_stage:
-                opts.update(_stage_defaults(name, i, sr_ratios[i], newton_iters))
+                opts.update(get_mixer_class(name).stage_options(i, sr_ratios[i], newton_iters))
                 opts.update(_stage_options(mixer_options, i))
             else:
                 opts.update(proj_drop=proj_drop_rate)

@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _l1
+from . import _compiled
 from ._common import check_finite_float, compute_dtype, no_autocast, single_thread_if_small
 from .kernels import (
     gaussian_kernel,
@@ -264,12 +264,6 @@ def _injective_bwd(g, cq, D, DT, M, v, s, var, cov, E, core):
 _CORE_COMPILE_MIN_WORK = 1 << 25   # N·m·(m + d_v)·batch: below this the eager core is as fast
 
 
-def _maybe_compiled(name, fn, t, work):
-    if work >= _CORE_COMPILE_MIN_WORK and _l1.compile_ok(t, work):
-        return _l1.get_compiled(name, fn), True
-    return fn, False
-
-
 class _InjectiveCore(torch.autograd.Function):
     """``Z V`` of the injective normalised map from ``C_q, C_k, M, V`` with a hand-written backward.
 
@@ -285,14 +279,8 @@ class _InjectiveCore(torch.autograd.Function):
     def forward(ctx, cq, ck, M, v, norm_eps):
         work = cq.numel() * (cq.shape[-1] + v.shape[-1])
         with torch.no_grad(), single_thread_if_small(cq, work):
-            fn, compiled = _maybe_compiled("injective_fwd", _injective_fwd, cq, work)
-            try:
-                res = fn(cq, ck, M, v, norm_eps)
-            except Exception as err:  # pragma: no cover - depends on the machine's compiler
-                if not compiled:
-                    raise
-                _l1.disable_compile(err)
-                res = _injective_fwd(cq, ck, M, v, norm_eps)
+            res = _compiled.call("injective_fwd", _injective_fwd, (cq, ck, M, v, norm_eps), work,
+                                 _CORE_COMPILE_MIN_WORK)
         out, D, DT, s, var, cov, E, core = res
         ctx.save_for_backward(cq, D, DT, M, v, s, var, cov, E, core)
         ctx.work = work
@@ -304,14 +292,8 @@ class _InjectiveCore(torch.autograd.Function):
         saved = ctx.saved_tensors
         with torch.no_grad(), no_autocast(g.device.type), single_thread_if_small(g, ctx.work):
             g = g.contiguous()
-            fn, compiled = _maybe_compiled("injective_bwd", _injective_bwd, g, ctx.work)
-            try:
-                dcq, dck, dM, dv = fn(g, *saved)
-            except Exception as err:  # pragma: no cover - depends on the machine's compiler
-                if not compiled:
-                    raise
-                _l1.disable_compile(err)
-                dcq, dck, dM, dv = _injective_bwd(g, *saved)
+            dcq, dck, dM, dv = _compiled.call("injective_bwd", _injective_bwd, (g, *saved), ctx.work,
+                                              _CORE_COMPILE_MIN_WORK)
         return dcq, dck, dM, dv, None
 
 

@@ -26,20 +26,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
-import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
+from ._cbuild import CKernel
 from .fibonacci import check_offsets, offsets_mask
 
 __all__ = [
@@ -154,94 +147,27 @@ def _check_qkv_shape_only(q, num_prefix_tokens):
 
 
 # ------------------------------------------------------------------------------------- C kernel
-_KERNEL_LOCK = threading.Lock()
-_KERNEL = None
-_KERNEL_TRIED = False
-_CFLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
-           "-fassociative-math", "-D_POSIX_C_SOURCE=200809L"]
+def _diagonal_source() -> str:
+    from ._diagonal_kernel import SOURCE
+
+    return SOURCE
 
 
-def _cpu_tag() -> str:
-    tag = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith(("model name", "flags")):
-                    tag += line
-                if line.startswith("flags"):
-                    break
-    except OSError:
-        pass
-    return tag
+def _declare(lib) -> None:
+    p, i64, dbl, cint = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
+    for sfx in ("f32", "f64"):
+        for step in ("fwd", "bwd"):
+            fn = getattr(lib, f"vitmix_diag_{step}_{sfx}")
+            fn.argtypes = [p] * 4 + [i64] * 6 + [dbl, cint]
+            fn.restype = None
 
 
-def _compile(source: str, target: str, cc: str) -> str:
-    """Compile ``source`` into the shared library ``target``; returns "" on success, else the error."""
-    error = ""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "kernel.c")
-        with open(src, "w") as fh:
-            fh.write(source)
-        out = os.path.join(tmp, "kernel.so")
-        # OpenMP first: the library then shares PyTorch's libgomp (same soname, already loaded) and so
-        # its thread pool; without OpenMP the kernel starts its own pthreads.
-        for arch in (["-fopenmp", "-march=native"], ["-march=native"], ["-fopenmp"], []):
-            cmd = [cc, *_CFLAGS, *arch, src, "-o", out, "-lm", "-lpthread"]
-            try:
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            except (OSError, subprocess.TimeoutExpired) as err:
-                error = str(err)
-                continue
-            if res.returncode == 0:
-                tmp_target = f"{target}.{os.getpid()}.tmp"
-                shutil.copyfile(out, tmp_target)
-                os.replace(tmp_target, target)  # atomic: safe with parallel test workers
-                return ""
-            error = (res.stderr or res.stdout).strip()[-500:]
-    return error or "unknown error"
+#: the compiled C kernel, built on first use (see :mod:`vitmix.ops._cbuild`)
+_DIAGONAL = CKernel("diagonal_kernel", _diagonal_source, _declare)
 
 
 def _load_kernel():
-    """The compiled C kernel (a ``ctypes.CDLL``) or ``None`` when no C compiler works.
-
-    Set ``VITMIX_DISABLE_C_KERNEL=1`` to force the PyTorch backend; ``VITMIX_CACHE_DIR`` (default
-    ``~/.cache/vitmix``) holds the compiled library, keyed by source, flags, compiler and CPU.
-    """
-    global _KERNEL, _KERNEL_TRIED
-    if os.environ.get("VITMIX_DISABLE_C_KERNEL", "") not in ("", "0"):
-        return None
-    with _KERNEL_LOCK:
-        if _KERNEL_TRIED:
-            return _KERNEL
-        _KERNEL_TRIED = True
-        from ._diagonal_kernel import SOURCE
-
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-        if cc is None:
-            return None
-        key = hashlib.sha256("\0".join([SOURCE, " ".join(_CFLAGS), cc, _cpu_tag()]).encode()).hexdigest()[:16]
-        cache = os.environ.get("VITMIX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "vitmix")
-        target = os.path.join(cache, f"diagonal_kernel_{key}.so")
-        try:
-            os.makedirs(cache, exist_ok=True)
-            error = "" if os.path.exists(target) else _compile(SOURCE, target, cc)
-            if error:
-                warnings.warn(f"vitmix: could not compile the sparse-diagonal C kernel with {cc}; using the PyTorch "
-                              f"backend. Compiler output: {error}", RuntimeWarning, stacklevel=3)
-                return None
-            lib = ctypes.CDLL(target)
-        except OSError as err:
-            warnings.warn(f"vitmix: cannot load the sparse-diagonal C kernel ({err}); using the PyTorch backend",
-                          RuntimeWarning, stacklevel=3)
-            return None
-        p, i64, dbl, cint = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
-        for sfx in ("f32", "f64"):
-            for step in ("fwd", "bwd"):
-                fn = getattr(lib, f"vitmix_diag_{step}_{sfx}")
-                fn.argtypes = [p] * 4 + [i64] * 6 + [dbl, cint]
-                fn.restype = None
-        _KERNEL = lib
-        return _KERNEL
+    return _DIAGONAL.load()
 
 
 def kernel_available() -> bool:
