@@ -113,8 +113,8 @@ def test_sparse_fibottention_counter_misses_the_kernel_and_the_bench_uses_the_fo
 def test_nystrom_formula_by_hand():
     # N=10, m=2, d=3, T=1, tied: C_q 120, W 24, NS 32, products 120 + 24 + 120
     assert nystrom_flops(10, 2, 3, 1, tied=True) == 120 + 24 + 32 + 120 + 24 + 120
-    # untied: C_k = k(K, L_q) and the 2·m³ residual check of the identity-started Newton–Schulz
-    assert nystrom_flops(10, 2, 3, 1, tied=False) == nystrom_flops(10, 2, 3, 1, tied=True) + 120 + 16
+    # untied: C_k = k(K, L_q), the start choice (Cholesky, m³/3) and the 2·m³ residual check
+    assert nystrom_flops(10, 2, 3, 1, tied=False) == nystrom_flops(10, 2, 3, 1, tied=True) + 120 + 2 + 16
 
 
 def test_mixer_method_overrides_the_registry():

@@ -106,17 +106,27 @@ def test_safe_start_converges_on_ill_conditioned_untied_landmarks():
     assert (res_t / norm).median() > 5e-3               # the old start: not converged after 20 steps
 
 
-def test_safe_start_falls_back_to_transpose_where_identity_diverges():
-    """A matrix with a negative eigenvalue: the identity start diverges (|1 - μ/||P||| > 1) and the
-    checked fallback must return the converged transposed-start result, matrix by matrix."""
-    good = _eye(4) + 0.1 * torch.ones(4, 4, dtype=D64)
-    bad = torch.tensor([[0.0, 1.0, 0, 0], [1.0, 0.0, 0, 0], [0, 0, 1.0, 0.3], [0, 0, 0.0, 1.0]], dtype=D64)  # eig -1
-    bad = bad + torch.triu(0.05 * torch.ones(4, 4, dtype=D64), 1)        # non-symmetric
-    A = torch.stack([good, bad])
+def test_safe_start_choice_and_checked_fallback():
+    """Per matrix: a positive-definite symmetric part -> identity start; an indefinite one -> αPᵀ;
+    and an identity start that still diverges (PD symmetric part, eigenvalues 1 ± 10i, so
+    |1 - μ/||P||| > 1) is caught by the residual check and rerun from αPᵀ."""
+    from vitmix.ops import newton
+
+    good = _eye(4) + 0.1 * torch.ones(4, 4, dtype=D64) + torch.triu(0.05 * torch.ones(4, 4, dtype=D64), 1)
+    indefinite = torch.tensor([[0.0, 1.0, 0, 0], [1.0, 0.0, 0, 0], [0, 0, 1.0, 0.3], [0, 0, 0.0, 1.0]], dtype=D64)
+    indefinite = indefinite + torch.triu(0.05 * torch.ones(4, 4, dtype=D64), 1)     # eigenvalue ≈ -1
+    rotating = torch.block_diag(torch.tensor([[1.0, 10.0], [-10.0, 1.0]], dtype=D64), _eye(2))
+    A = torch.stack([good, indefinite, rotating])
+    _, identity = newton._start(A, A, None, "safe")
+    assert identity.tolist() == [True, False, True]
+    V0, _ = newton._start(A, A, None, "safe")
+    diverged = newton._iterate(A, V0, 60)
+    assert not torch.isfinite(newton._residual(A[2], diverged[2]))             # the identity start fails
+    assert newton._needs_fallback(A, diverged, identity).tolist() == [False, False, True]
     V, res = newton_schulz_inverse(A, iters=60, eps=0.0, return_residual=True)
     assert torch.isfinite(V).all() and (res < 1e-8).all()
     torch.testing.assert_close(V, torch.linalg.inv(A), rtol=1e-8, atol=1e-10)
-    # and the reference (both starts unrolled, same rule) agrees
+    # the reference (both starts unrolled, same rule) agrees
     torch.testing.assert_close(newton_schulz_reference(A, iters=60, eps=0.0), V, rtol=1e-8, atol=1e-10)
 
 

@@ -83,6 +83,11 @@ def _solve(a, b, *args, out_shape=None, **kwargs) -> int:
     return nb * (2 * n ** 3 // 3 + 2 * n * n * k)
 
 
+def _cholesky(a, *args, out_shape=None, **kwargs) -> int:
+    nb, n = _batch_and_n(a)
+    return nb * n ** 3 // 3
+
+
 def _linear_pointwise(x, w, *args, out_shape=None, **kwargs) -> int:
     # oneDNN's fused linear (+ activation): W is (out, in)
     rows = 1
@@ -99,6 +104,7 @@ EXTRA_FORMULAS: Dict[object, Callable[..., int]] = {
     aten._cdist_backward: _cdist_backward,
     aten.linalg_inv_ex: _inv,
     aten._linalg_solve_ex: _solve,
+    aten.linalg_cholesky_ex: _cholesky,
 }
 if hasattr(torch.ops, "mkldnn") and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
     EXTRA_FORMULAS[torch.ops.mkldnn._linear_pointwise] = _linear_pointwise
@@ -228,7 +234,8 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
     Kernel blocks cost one distance product each (``2·rows·cols·d``; the Gaussian via a GEMM, the
     Laplacian via ``cdist``), Newton–Schulz ``4·m³`` per iteration (two ``m×m`` products), the
     exact inverse ``2·m³``, and the right-to-left products ``2·N·m·d_v`` / ``2·m²·d_v`` each. Untied
-    landmarks add the ``2·m³`` residual check of the identity start (a rare fallback rerun is not counted).
+    landmarks add the start choice (a Cholesky, ``m³/3``) and the ``2·m³`` residual check of the
+    identity start (a rare rerun is not counted).
     """
     nk = n if n_keys is None else n_keys
     dv = d if d_v is None else d_v
@@ -236,7 +243,8 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
     total += 0 if tied else 2 * nk * m * d        # C_k = k(K, L_q)
     total += 2 * m * m * d                        # W = k(L_q, L_k)
     total += 2 * m ** 3 if inverse == "exact" else 4 * m ** 3 * iters
-    total += 2 * m ** 3 if inverse != "exact" and not tied else 0   # ||I - P V|| check
+    if inverse != "exact" and not tied:
+        total += m ** 3 // 3 + 2 * m ** 3         # start choice (Cholesky) and the ||I - P V|| check
     if normalization == "injective":
         total += 2 * n * m * m                    # covariance of C_q over queries
         total += 4 * m ** 3                       # T = Mᵀ cov M

@@ -11,16 +11,21 @@ chooses ``V0`` per matrix:
       norm of ``P`` rather than of ``A`` keeps ``α`` bounded when the kernel values are tiny and the
       ``eps·I`` dominates (the divergence fixed in LaplacianFormer's third-party commit bf89660).
       This is SOFT's start (it shapes SOFT's spectrally filtered inverse), kept for parity.
-    * non-symmetric ``A`` (e.g. LaplacianFormer's ``K(L_q, L_k)`` with untied landmarks): the scaled
-      identity ``V0 = I / ||P||_∞``. Its residual ``I - V0 P`` has eigenvalues ``1 - μ/||P||_∞``,
-      so the iteration converges like ``log2(cond(P))`` steps, not ``log2(cond(P)²)`` as from
-      ``α Pᵀ`` or ``α P`` (both square the spectrum): at cond(P) ≈ 600 the residual after 20 steps
-      is ~7e-5 instead of ~1e-2. It needs the eigenvalues of ``P`` in the disc ``|1 - μ/||P||_∞| < 1``
-      (true for the landmark kernels of pooled, correlated tokens, whose eigenvalues are near the
-      positive real axis); **every matrix is checked**: where the residual ``||I - P V||_F`` ends
-      non-finite or ``>= 0.5``, the iteration is rerun from ``V0 = α Pᵀ`` with
-      ``α = 1 / (||P||_1 ||P||_∞)`` (``V0 P = α PᵀP`` has eigenvalues ``α σ² <= 1``: always converges,
-      slowly) and the result with the smaller residual is kept.
+    * non-symmetric ``A`` (e.g. LaplacianFormer's ``K(L_q, L_k)`` with untied landmarks), chosen per
+      matrix by one batched Cholesky of the symmetric part ``(P + Pᵀ)/2`` (``m³/3`` flops, a tenth
+      of one iteration):
+
+      - symmetric part positive definite (every eigenvalue of ``P`` then has a positive real part,
+        typical for landmarks pooled from correlated tokens): the scaled identity
+        ``V0 = I / ||P||_∞``. Its residual ``I - V0 P`` has eigenvalues ``1 - μ/||P||_∞``, so the
+        iteration converges in about ``log2(cond(P))`` steps, not ``log2(cond(P)²)`` as from
+        ``αPᵀ`` or ``αP`` (both square the spectrum): at cond(P) ≈ 600 the residual after 20 steps
+        is ~7e-5 instead of ~1e-2. The result is checked (``||I - P V||_F`` non-finite or
+        ``>= 0.5``: rerun from ``αPᵀ``, keep the smaller residual), which costs one ``m×m``
+        product and almost never reruns;
+      - otherwise (indefinite ``P``, e.g. untrained q/k projections): ``V0 = α Pᵀ`` with
+        ``α = 1 / (||P||_1 ||P||_∞)``; ``V0 P = α PᵀP`` has eigenvalues ``α σ² <= 1``: always
+        converges, slowly.
 
 ``alpha="transpose"``
     The guaranteed but slow ``V0 = α Pᵀ`` start for every non-symmetric matrix (vitmix ≤ 0.1's
@@ -101,19 +106,28 @@ def _symmetric_mask(A: torch.Tensor, symmetric: Optional[bool]) -> torch.Tensor:
     return torch.full(A.shape[:-2], bool(symmetric), dtype=torch.bool, device=A.device)
 
 
-def _start(A: torch.Tensor, P: torch.Tensor, symmetric: Optional[bool], alpha: str) -> torch.Tensor:
-    """The first iterate ``V0`` per matrix (differentiable in ``P``; the step sizes are constants)."""
+def _start(A: torch.Tensor, P: torch.Tensor, symmetric: Optional[bool], alpha: str):
+    """The first iterate ``V0`` per matrix (differentiable in ``P``; the step sizes are constants) and
+    the per-matrix mask of identity starts (only ``"safe"`` uses them)."""
     with torch.no_grad():
         if alpha == "official":
             a = 1.8 / A.sum(-1).amax(-1).square()
-            return a[..., None, None] * P
+            return a[..., None, None] * P, torch.zeros_like(a, dtype=torch.bool)
         row, col = _norms(P)
-        sym = _symmetric_mask(A, symmetric)[..., None, None]
+        sym = _symmetric_mask(A, symmetric)
+        identity = torch.zeros_like(sym)
+        if alpha == "safe" and (torch.compiler.is_compiling() or not bool(sym.all())):
+            identity = ~sym & _identity_ok(P)
         v_sym = (1.8 / row.square())[..., None, None] * P
-        if alpha == "transpose":
-            return torch.where(sym, v_sym, (1.0 / (row * col))[..., None, None] * P.mT)
+        v_t = (1.0 / (row * col))[..., None, None] * P.mT
         eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
-        return torch.where(sym, v_sym, (1.0 / row)[..., None, None] * eye)
+        v0 = torch.where(sym[..., None, None], v_sym, v_t)
+        return torch.where(identity[..., None, None], (1.0 / row)[..., None, None] * eye, v0), identity
+
+
+def _identity_ok(P: torch.Tensor) -> torch.Tensor:
+    """Per matrix: is the symmetric part of ``P`` positive definite (so the identity start converges)?"""
+    return torch.linalg.cholesky_ex(0.5 * (P + P.mT)).info == 0
 
 
 def _transposed_start(P: torch.Tensor) -> torch.Tensor:
@@ -122,14 +136,13 @@ def _transposed_start(P: torch.Tensor) -> torch.Tensor:
         return (1.0 / (row * col))[..., None, None] * P.mT
 
 
-def _needs_fallback(A: torch.Tensor, P: torch.Tensor, V: torch.Tensor, symmetric, alpha) -> torch.Tensor:
-    """Non-symmetric matrices whose identity-started iteration did not converge (``"safe"`` only)."""
+def _needs_fallback(P: torch.Tensor, V: torch.Tensor, identity: torch.Tensor) -> torch.Tensor:
+    """Identity-started matrices whose iteration did not converge (rerun from ``αPᵀ``)."""
     with torch.no_grad():
-        candidates = ~_symmetric_mask(A, symmetric)
-        if alpha != "safe" or not (torch.compiler.is_compiling() or bool(candidates.any())):
-            return torch.zeros_like(candidates)
+        if not (torch.compiler.is_compiling() or bool(identity.any())):
+            return identity
         res = _residual(P, V)
-        return candidates & (~torch.isfinite(res) | (res >= _FALLBACK_RESIDUAL))
+        return identity & (~torch.isfinite(res) | (res >= _FALLBACK_RESIDUAL))
 
 
 def _pick(P: torch.Tensor, V: torch.Tensor, V_t: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
@@ -164,8 +177,9 @@ class _NewtonInverse(torch.autograd.Function):
             if mode == "exact":
                 V = torch.linalg.inv_ex(P).inverse
             else:
-                V = _iterate(P, _start(A, P, symmetric, alpha), iters)
-                need = _needs_fallback(A, P, V, symmetric, alpha)
+                V0, identity = _start(A, P, symmetric, alpha)
+                V = _iterate(P, V0, iters)
+                need = _needs_fallback(P, V, identity)
                 if torch.compiler.is_compiling() or bool(need.any()):
                     V = _pick(P, V, _iterate(P, _transposed_start(P), iters), need)
         ctx.save_for_backward(V)
@@ -239,7 +253,8 @@ def newton_schulz_reference(
                 V = 2 * V - V @ P @ V
             return V
 
-        V = unrolled(_start(Af.detach(), P.detach(), symmetric, alpha))
-        need = _needs_fallback(Af.detach(), P.detach(), V.detach(), symmetric, alpha)
+        V0, identity = _start(Af.detach(), P.detach(), symmetric, alpha)
+        V = unrolled(V0)
+        need = _needs_fallback(P.detach(), V.detach(), identity)
         V = _pick(P.detach(), V, unrolled(_transposed_start(P.detach())), need)
     return V
