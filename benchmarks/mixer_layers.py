@@ -62,7 +62,7 @@ def machine() -> dict:
         pass
     return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
-            "compile_disabled": bool(os.environ.get("VITMIX_DISABLE_COMPILE"))}
+            "c_kernel_disabled": bool(os.environ.get("VITMIX_DISABLE_C_KERNEL"))}
 
 
 def median_time(fn, min_run_time: float, repeats: int) -> float:

@@ -10,7 +10,7 @@ from vitmix.cli import main
 
 @pytest.fixture(autouse=True)
 def _fast(monkeypatch):
-    monkeypatch.setenv("VITMIX_DISABLE_COMPILE", "1")
+    monkeypatch.setenv("VITMIX_DISABLE_C_KERNEL", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

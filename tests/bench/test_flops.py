@@ -12,7 +12,7 @@ from vitmix.mixers.base import TokenMixer
 def _eager_l1_one_thread(monkeypatch):
     # the eager L1 path (cdist) is the one FlopCounterMode sees; one thread keeps tiny shapes fast on a
     # shared machine
-    monkeypatch.setenv("VITMIX_DISABLE_COMPILE", "1")
+    monkeypatch.setenv("VITMIX_DISABLE_C_KERNEL", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -120,3 +120,35 @@ def test_torchrun_two_process_cpu_training(tmp_path):
     assert "world=2" in proc.stdout
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["val_images"] == 360  # both ranks' validation shards are summed
+
+
+def test_train_subset_is_a_fixed_seeded_subset(tmp_path):
+    summary = train(TrainConfig(**dict(TINY, epochs=1, train_subset=128), out=str(tmp_path / "s")),
+                    log=lambda *a: None)
+    assert summary["steps"] == 2                       # 128 images / batch 64
+    with pytest.raises(ValueError, match="--train-subset 5000 must be between 1 and the 1437"):
+        train(TrainConfig(**dict(TINY, epochs=1, train_subset=5000), out=str(tmp_path / "t")))
+    assert not (tmp_path / "t").exists()
+
+
+def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
+    """Regression (the headline mixer's training crashed with a shape error when its compiled kernel
+    failed): with a C compiler that fails and an empty kernel cache, training warns once and gives
+    exactly the numbers of the PyTorch path."""
+    from vitmix.ops import _l1
+
+    cfg = dict(TINY, mixer="laplacian", epochs=1, max_steps=3)
+    monkeypatch.setattr(_l1, "_C_MIN_ELEMENTS", 0)
+    monkeypatch.setenv("VITMIX_DISABLE_C_KERNEL", "1")
+    ref = train(TrainConfig(**cfg, out=str(tmp_path / "ref")), log=lambda *a: None)
+    monkeypatch.delenv("VITMIX_DISABLE_C_KERNEL")
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(_l1.L1_KERNEL, "_lib", None)
+    monkeypatch.setattr(_l1.L1_KERNEL, "_tried", False)
+    with pytest.warns(RuntimeWarning, match="could not compile the l1_kernel"):
+        out = train(TrainConfig(**cfg, out=str(tmp_path / "faulty")), log=lambda *a: None)
+    assert out["final_val_acc"] == ref["final_val_acc"]
+    a = json.loads((tmp_path / "ref" / "metrics.jsonl").read_text())
+    b = json.loads((tmp_path / "faulty" / "metrics.jsonl").read_text())
+    assert a["train_loss"] == b["train_loss"]

@@ -38,7 +38,6 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _compiled
 from ._common import check_finite_float, compute_dtype, no_autocast, single_thread_if_small
 from .kernels import (
     gaussian_kernel,
@@ -225,7 +224,7 @@ def nystrom_attention(
 def _injective_fwd(cq, ck, M, v, norm_eps: float):
     n = cq.shape[-2]
     cc = cq - cq.mean(-2, keepdim=True)
-    cov = torch.matmul(cc.mT, cc) / n                  # (…, m, m) population covariance over queries
+    cov = torch.matmul(cc.mT, cc).div_(n)              # (…, m, m) population covariance over queries
     D = ck - ck.mean(-2, keepdim=True)                 # (…, N_k, m) centred keys
     T = torch.matmul(M.mT, torch.matmul(cov, M))
     T = 0.5 * (T + T.mT)                               # exactly symmetric (the backward relies on it)
@@ -234,7 +233,7 @@ def _injective_fwd(cq, ck, M, v, norm_eps: float):
     s = torch.rsqrt(var.clamp_min(0) + norm_eps)
     E = torch.matmul(D.mT, s.unsqueeze(-1) * v)        # (…, m, d_v)
     core = torch.matmul(M, E)
-    out = torch.matmul(cq, core) + v.mean(-2, keepdim=True)
+    out = torch.matmul(cq, core).add_(v.mean(-2, keepdim=True))
     return out, D, DT, s, var, cov, E, core
 
 
@@ -261,9 +260,6 @@ def _injective_bwd(g, cq, D, DT, M, v, s, var, cov, E, core):
     return dcq, dck, dM, dv
 
 
-_CORE_COMPILE_MIN_WORK = 1 << 25   # N·m·(m + d_v)·batch: below this the eager core is as fast
-
-
 class _InjectiveCore(torch.autograd.Function):
     """``Z V`` of the injective normalised map from ``C_q, C_k, M, V`` with a hand-written backward.
 
@@ -271,16 +267,14 @@ class _InjectiveCore(torch.autograd.Function):
     ``N×d_v`` tensors (``C_q``, the centred ``C_k`` and ``C_k T``, ``V``) and ``m×m`` / ``m×d_v`` ones.
     With ``D = C_k - mean_j C_k`` (centred keys), ``T = Mᵀ cov(C_q) M`` (symmetric m×m):
     ``σ²_j = d_j T d_jᵀ``, ``s = (σ² + ε)^{-1/2}``, ``E = Dᵀ (s ⊙ V)`` and ``out = C_q (M E) + mean(V)``.
-    On CPU, large problems run both bodies through ``torch.compile`` so that the elementwise work
-    is fused around the GEMMs.
+    Plain eager PyTorch (no ``torch.compile``: no first-call stall, nothing to fall back from).
     """
 
     @staticmethod
     def forward(ctx, cq, ck, M, v, norm_eps):
         work = cq.numel() * (cq.shape[-1] + v.shape[-1])
         with torch.no_grad(), single_thread_if_small(cq, work):
-            res = _compiled.call("injective_fwd", _injective_fwd, (cq, ck, M, v, norm_eps), work,
-                                 _CORE_COMPILE_MIN_WORK)
+            res = _injective_fwd(cq, ck, M, v, norm_eps)
         out, D, DT, s, var, cov, E, core = res
         ctx.save_for_backward(cq, D, DT, M, v, s, var, cov, E, core)
         ctx.work = work
@@ -292,8 +286,7 @@ class _InjectiveCore(torch.autograd.Function):
         saved = ctx.saved_tensors
         with torch.no_grad(), no_autocast(g.device.type), single_thread_if_small(g, ctx.work):
             g = g.contiguous()
-            dcq, dck, dM, dv = _compiled.call("injective_bwd", _injective_bwd, (g, *saved), ctx.work,
-                                              _CORE_COMPILE_MIN_WORK)
+            dcq, dck, dM, dv = _injective_bwd(g, *saved)
         return dcq, dck, dM, dv, None
 
 

@@ -24,6 +24,7 @@ _HELP = {
     "resume": "continue the run in --out from its last checkpoint",
     "device": "cpu | cuda | cuda:N (default: cuda if available)",
     "clip_grad": "gradient-norm clip (0 = off)",
+    "train_subset": "train on a fixed random subset of this many images (seeded by --seed; validation stays whole)",
 }
 
 
@@ -43,7 +44,7 @@ def add_parser(sub) -> None:
             p.add_argument(flag, action="store_true", default=None, help=_HELP.get(f.name))
             continue
         kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("img_size", "max_steps", "workers", "seed", "epochs", "batch_size"):
+        if f.name in ("img_size", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset"):
             kind = int
         if f.name == "clip_grad":
             kind = float

@@ -37,6 +37,7 @@ class TrainConfig:
     seed: int = 0
     workers: int = 0
     max_steps: Optional[int] = None      # stop after this many optimizer steps (smoke tests)
+    train_subset: Optional[int] = None   # train on a fixed seeded subset of this many images
     out: Optional[str] = None
     resume: bool = False
     device: Optional[str] = None

@@ -48,6 +48,16 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
     return create_model(cfg.model, mixer=cfg.mixer, mixer_options=cfg.mixer_options or None, **kwargs)
 
 
+def _subset(train_set, size: Optional[int], seed: int):
+    """A fixed, seeded random subset of ``size`` training images (the whole set when ``size`` is None)."""
+    if size is None:
+        return train_set
+    if not 0 < size <= len(train_set):
+        raise ValueError(f"--train-subset {size} must be between 1 and the {len(train_set)} training images")
+    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(seed))
+    return torch.utils.data.Subset(train_set, order[:size].tolist())
+
+
 def _run_dir(cfg: TrainConfig) -> Path:
     if cfg.out:
         return Path(cfg.out)
@@ -90,6 +100,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
     seed_everything(cfg.seed + info.rank)
     img_size = cfg.img_size or default_img_size(cfg.model)
     train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download)
+    train_set = _subset(train_set, cfg.train_subset, cfg.seed)
     model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size).to(info.device)
     run_dir = _run_dir(cfg)
     if (run_dir / "config.yaml").exists() and not cfg.resume:
