@@ -45,13 +45,15 @@ def test_approx(tmp_path):
 def test_newton(tmp_path):
     rows, out = _run(tmp_path, "newton", "--img-size", "32", "--images", "2", "--landmarks", "16",
                      "--iters", "12")
-    assert {(r["kernel"], float(r["eps"])) for r in rows} == {("gaussian", 0.0), ("gaussian", 0.01),
-                                                              ("laplacian", 0.0), ("laplacian", 0.01)}
+    assert {(r["kernel"], r["start"], float(r["eps"])) for r in rows} == {
+        ("gaussian", "safe", 0.0), ("gaussian", "safe", 0.01), ("laplacian", "safe", 0.0),
+        ("laplacian", "safe", 0.01), ("laplacian", "transpose", 0.01), ("laplacian", "official", 0.01)}
     with open(out / "newton_curves.csv") as fh:
         curves = list(csv.DictReader(fh))
     for kernel in ("gaussian", "laplacian"):
-        c = [float(r["residual_P"]) for r in curves if r["kernel"] == kernel and float(r["eps"]) > 0]
-        assert len(c) == 12 and c[-1] < c[0]  # the perturbed system converges
+        c = [float(r["residual_P"]) for r in curves
+             if r["kernel"] == kernel and float(r["eps"]) > 0 and r["start"] == "safe"]
+        assert len(c) == 12 and c[-1] < c[0]  # the perturbed system converges from the default start
 
 
 def test_distances(tmp_path):

@@ -65,6 +65,7 @@ VISIBLE = [
     ("soft", {}), ("soft", {"num_landmarks": 16}), ("soft", {"landmarks": "avgpool", "inverse": "exact"}),
     ("soft_norm", {}), ("laplacian", {}), ("laplacian", {"normalize": False, "num_landmarks": 9}),
     ("laplacian", {"conv_groups": "head", "conv_kernel": 5}), ("laplacian", {"rope": True}),
+    ("laplacian", {"newton_alpha": "safe"}),
     ("fibottention", {"mode": "masked"}),
     ("fibottention", {"mode": "official"}),
 ]

@@ -38,7 +38,8 @@ def laplacian_reference(layer, x, prefix, H, W, inverse="newton"):
     if inverse == "exact":
         M = torch.linalg.inv(wm + layer.newton_eps * torch.eye(wm.shape[-1], dtype=wm.dtype))
     else:
-        M = newton_schulz_reference(wm, iters=layer.newton_iters, eps=layer.newton_eps, symmetric=False)
+        M = newton_schulz_reference(wm, iters=layer.newton_iters, eps=layer.newton_eps, symmetric=False,
+                                    alpha=layer.newton_alpha)
     G = _lap(q, kt, layer.lam) @ M @ _lap(qt, k, layer.lam)          # N×N
     if layer.normalize:
         R = G - G.mean(-1, keepdim=True)                              # centre each query row
@@ -106,6 +107,7 @@ def test_structure_and_defaults():
     layer = mixers.create("laplacian", 128, 4)
     assert layer.qkv.weight.shape == (384, 128)            # separate Q, K, V projections
     assert layer.lam == 4.0 and layer.normalize and layer.landmark_stride == 2 and layer.norm_scale == "tokens"
+    assert layer.norm_eps == 1e-3 and layer.newton_alpha == "transpose"   # the defaults that learned best
     assert layer.qk_scale == pytest.approx(32 ** -0.5)      # documented default input scaling
     assert layer.conv.weight.shape == (128, 1, 3, 3) and layer.conv.bias is not None  # per channel
     head = mixers.create("laplacian", 128, 4, conv_groups="head", conv_kernel=5)
@@ -127,7 +129,8 @@ def test_qk_norm_matches_reference_with_normed_inputs():
         return g.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
 
     att = vitmix.ops.nystrom_attention_reference(q, k, v, pool(q), pool(k), kernel="laplacian",
-                                                 normalization="injective", symmetric=False)
+                                                 normalization="injective", symmetric=False,
+                                                 norm_eps=layer.norm_eps, alpha=layer.newton_alpha)
     local = F.conv2d(v.permute(0, 1, 3, 2).reshape(b, h * d, 8, 8), layer.conv.weight, layer.conv.bias,
                      padding=1, groups=h * d)
     att = att + local.reshape(b, h, d, n).transpose(-1, -2)

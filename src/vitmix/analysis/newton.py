@@ -34,9 +34,15 @@ def landmark_matrices(q, k, hw, side: int, lam: float = 4.0) -> dict:
     return out
 
 
+#: Newton–Schulz starts compared per kernel: SOFT's symmetric matrices have one start; the
+#: non-symmetric Laplacian ones are shown from every start ``newton_schulz_inverse`` offers
+STARTS = {"gaussian": ("safe",), "laplacian": ("safe", "transpose", "official")}
+
+
 @torch.no_grad()
 def residual_curves(mats: dict, iters: int = 30, eps: float = 0.01) -> List[dict]:
-    """One row per (kernel, ε, iteration) with the mean normalised residuals."""
+    """One row per (kernel, start, ε, iteration) with the mean normalised residuals (ε = 0 for the
+    default start only)."""
     from ..ops import newton_schulz_inverse
 
     rows = []
@@ -44,15 +50,20 @@ def residual_curves(mats: dict, iters: int = 30, eps: float = 0.01) -> List[dict
         m = a.shape[-1]
         eye = torch.eye(m, dtype=a.dtype)
         p = a + eps * eye
-        for e in (0.0, eps):
-            for t in range(1, iters + 1):
-                v = newton_schulz_inverse(a, iters=t, eps=e)
-                ra = torch.linalg.matrix_norm(eye - a @ v) / math.sqrt(m)
-                row = {"kernel": kernel, "eps": e, "iteration": t, "residual_A": float(ra.mean())}
-                row["residual_P"] = float((torch.linalg.matrix_norm(eye - p @ v) / math.sqrt(m)).mean()) if e else \
-                    row["residual_A"]
-                rows.append(row)
+        for start in STARTS.get(kernel, ("safe",)):
+            for e in ((0.0, eps) if start == "safe" else (eps,)):
+                for t in range(1, iters + 1):
+                    v = newton_schulz_inverse(a, iters=t, eps=e, alpha=start)
+                    ra = torch.linalg.matrix_norm(eye - a @ v) / math.sqrt(m)
+                    rp = torch.linalg.matrix_norm(eye - p @ v) / math.sqrt(m) if e else ra
+                    rows.append({"kernel": kernel, "start": start, "eps": e, "iteration": t,
+                                 "residual_A": _finite_mean(ra), "residual_P": _finite_mean(rp)})
     return rows
+
+
+def _finite_mean(r: torch.Tensor) -> float:
+    """Mean residual; a diverged start (inf/NaN) reports inf rather than poisoning the plot with NaN."""
+    return float(r.mean()) if bool(torch.isfinite(r).all()) else math.inf
 
 
 def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images: int = 4, source: str = "auto",
@@ -75,23 +86,26 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
         ad = a.double()
         cond = torch.linalg.cond(ad).median()
         cond_p = torch.linalg.cond(ad + eps * torch.eye(a.shape[-1], dtype=ad.dtype)).median()
-        for e in (0.0, eps):
-            r = {t["iteration"]: t["residual_A"] for t in rows if t["kernel"] == kernel and t["eps"] == e}
-            rp = {t["iteration"]: t["residual_P"] for t in rows if t["kernel"] == kernel and t["eps"] == e}
-            summary.append({"kernel": kernel, "eps": e, "median_cond_A": float(cond),
+        for start, e in sorted({(t["start"], t["eps"]) for t in rows if t["kernel"] == kernel},
+                               key=lambda se: (STARTS[kernel].index(se[0]), se[1])):
+            sel = [t for t in rows if t["kernel"] == kernel and t["eps"] == e and t["start"] == start]
+            r = {t["iteration"]: t["residual_A"] for t in sel}
+            rp = {t["iteration"]: t["residual_P"] for t in sel}
+            summary.append({"kernel": kernel, "start": start, "eps": e, "median_cond_A": float(cond),
                             "median_cond_A+epsI": float(cond_p),
                             **{f"res_A@{t}": r[t] for t in (5, 10, 20, iters) if t in r},
-                            f"res_P@{iters}": rp[iters]})
+                            f"res_P@20": rp.get(20, math.nan), f"res_P@{iters}": rp[iters]})
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    colors = {"safe": "tab:orange", "transpose": "tab:green", "official": "tab:red"}
     for ax, kernel in zip(axes, ("gaussian", "laplacian")):
-        for e, color in ((0.0, "tab:blue"), (eps, "tab:orange")):
-            pts = [(t["iteration"], t["residual_A"]) for t in rows if t["kernel"] == kernel and t["eps"] == e]
-            ax.plot(*zip(*pts), "-o", ms=3, color=color, label=f"‖I − AV‖, ε={e:g}")
-            if e:
-                pp = [(t["iteration"], t["residual_P"]) for t in rows if t["kernel"] == kernel and t["eps"] == e]
-                ax.plot(*zip(*pp), "--", color=color, label=f"‖I − (A+εI)V‖, ε={e:g}")
+        pts = [(t["iteration"], t["residual_A"]) for t in rows if t["kernel"] == kernel and t["eps"] == 0.0]
+        ax.plot(*zip(*pts), "-o", ms=3, color="tab:blue", label="‖I − AV‖, ε=0")
+        for start in STARTS[kernel]:
+            pp = [(t["iteration"], t["residual_P"]) for t in rows
+                  if t["kernel"] == kernel and t["eps"] == eps and t["start"] == start]
+            ax.plot(*zip(*pp), "--", color=colors[start], label=f"‖I − (A+εI)V‖, ε={eps:g}, start {start!r}")
         ax.set_yscale("log")
         ax.set_xlabel("Newton–Schulz iterations")
         ax.set_title(f"{kernel} landmark kernel, m={landmarks}", fontsize=10)
@@ -108,6 +122,9 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
     notes = [f"landmark kernels A (m={landmarks}) from the first attention layer of {model} at {img_size}x{img_size}, "
              f"{ck}; images: {desc}",
              "gaussian: tied, symmetric (SOFT); laplacian: separate q/k landmarks, non-symmetric (LaplacianFormer)",
+             "start: newton_alpha of vitmix.ops.newton_schulz_inverse ('safe': alpha*P for symmetric matrices, the "
+             "scaled identity where the symmetric part is positive definite, else alpha*P^T; 'transpose': alpha*P^T; "
+             "'official': the authors' CUDA, alpha*P); inf = diverged",
              "residuals are ||I - A V_t||_F / sqrt(m), mean over images and heads; the full curves are in "
              "newton_curves.csv"]
     files = write_table(summary, out, "newton", "Newton–Schulz convergence on landmark kernels", notes, fig_path,

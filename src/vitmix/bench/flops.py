@@ -228,14 +228,15 @@ def _linears(mixer, tokens: int) -> int:
 
 
 def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normalization=None,
-                  inverse: str = "newton", n_keys: int = None, d_v: int = None) -> int:
+                  inverse: str = "newton", n_keys: int = None, d_v: int = None, start: str = "safe") -> int:
     """FLOPs of :func:`vitmix.ops.nystrom_attention` for one (batch, head) slice.
 
     Kernel blocks cost one distance product each (``2·rows·cols·d``; the Gaussian via a GEMM, the
     Laplacian via ``cdist``), Newton–Schulz ``4·m³`` per iteration (two ``m×m`` products), the
     exact inverse ``2·m³``, and the right-to-left products ``2·N·m·d_v`` / ``2·m²·d_v`` each. Untied
-    landmarks add the start choice (a Cholesky, ``m³/3``) and the ``2·m³`` residual check of the
-    identity start (a rare rerun is not counted).
+    landmarks with the ``"safe"`` start (``start``, the ``newton_alpha`` option) add the start choice
+    (a Cholesky, ``m³/3``) and the ``2·m³`` residual check of the identity start (a rare rerun is not
+    counted).
     """
     nk = n if n_keys is None else n_keys
     dv = d if d_v is None else d_v
@@ -243,7 +244,7 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
     total += 0 if tied else 2 * nk * m * d        # C_k = k(K, L_q)
     total += 2 * m * m * d                        # W = k(L_q, L_k)
     total += 2 * m ** 3 if inverse == "exact" else 4 * m ** 3 * iters
-    if inverse != "exact" and not tied:
+    if inverse != "exact" and not tied and start == "safe":
         total += m ** 3 // 3 + 2 * m ** 3         # start choice (Cholesky) and the ||I - P V|| check
     if normalization == "injective":
         total += 2 * n * m * m                    # covariance of C_q over queries
@@ -297,7 +298,7 @@ def _laplacian_flops(mixer, batch: int, n: int) -> int:
         total += linear_flops(batch * m, mixer.dim, 2 * mixer.dim)
     total += batch * h * nystrom_flops(n, m, d, mixer.newton_iters, tied=False,
                                        normalization="injective" if mixer.normalize else None,
-                                       inverse=mixer.inverse)
+                                       inverse=mixer.inverse, start=mixer.newton_alpha)
     return total + _local_conv(mixer, batch, n)
 
 

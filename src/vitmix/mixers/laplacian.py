@@ -14,8 +14,8 @@ documented in ``docs/soft-laplacianformer.md``:
 * **landmarks** by average pooling ``r×r`` with stride ``r`` (``landmark_stride``) of the grid queries and
   keys, at most 7×7 = 49 of them by default (adaptive pooling: O(N) at any resolution);
 * ``Ĝ = K(Q, K̃) · NS(K(Q̃, K̃)) · K(Q̃, K)`` evaluated right to left; the landmark matrix is not
-  symmetric, so Newton–Schulz starts from the scaled identity, checked per matrix with a fallback to
-  the always-convergent ``α·Pᵀ`` start (see :func:`vitmix.ops.newton_schulz_inverse`);
+  symmetric, so Newton–Schulz starts from ``α·Pᵀ`` (never diverges; ``newton_alpha="safe"`` gives the
+  faster-converging start of :func:`vitmix.ops.newton_schulz_inverse`);
 * the **injective normalised feature map** (default ``normalize=True``): each row is centred by
   its mean over keys, each key column is divided by ``√(var over queries + norm_eps)``, and
   ``1/N`` is added; computed in linear time by :func:`vitmix.ops.nystrom_attention`. By default
@@ -85,7 +85,12 @@ class LaplacianAttention(TokenMixer):
         lam: Laplacian kernel bandwidth λ (default 4).
         qk_scale: multiplier of ``q`` and ``k`` before the L1 distance; ``None`` → ``d^(-1/2)``.
         normalize: apply the injective normalised feature map (default) or not (ablation).
-        norm_eps: ε under the column-variance square root of the normalisation.
+        norm_eps: ε under the column-variance square root of the normalisation (default 1e-3). At
+            initialisation the kernel columns vary by only ~1e-4 over the queries, so a tiny ε
+            (1e-6, the student re-implementation's) divides near-constant columns by ~1e-3 and turns
+            the map into amplified noise: the qkv gradients dominate the clipped update (5.3 vs softmax's
+            2.9) and learning is slow. 1e-3 keeps the map near uniform until the kernel has structure
+            (measured in ``docs/soft-laplacianformer.md``, "Why it learned slowly").
         norm_scale: ``"tokens"`` (default) divides the whitened part of the map by N, so that
             ``ZV = mean(V) + (R·D^(-1/2)·V)/N`` (an average plus a unit-scale contrast; still
             injective); ``"none"`` is the reconstructed paper formula ``Z = R·D^(-1/2) + 1/N``, whose
@@ -95,10 +100,13 @@ class LaplacianAttention(TokenMixer):
         temperature: ``"head"`` multiplies the whitened part by a learnt per-head factor (ablation;
             ``"none"`` default).
         newton_iters, newton_eps: Newton–Schulz iterations (20) and diagonal perturbation (0.01).
-        newton_alpha: ``"safe"`` (default: start ``I/‖P‖∞`` for the non-symmetric landmark matrix
-            ``P = W + εI``, checked per matrix, falling back to ``α·Pᵀ``), ``"transpose"`` (always
-            ``α·Pᵀ``, ``α = 1/(‖P‖₁‖P‖∞)``: safe but slow) or ``"official"`` (the authors' CUDA:
-            ``V₀ = α·P``, ``α = 1.8/‖W‖∞²``, which can diverge for tiny kernel values).
+        newton_alpha: ``"transpose"`` (default: ``α·Pᵀ``, ``α = 1/(‖P‖₁‖P‖∞)``: never diverges and,
+            like SOFT's start, leaves the smallest eigen-directions of ``P`` un-inverted after 20
+            steps — a spectrally filtered inverse that learned faster in the measurements),
+            ``"safe"`` (the converging start of :func:`vitmix.ops.newton_schulz_inverse`: the scaled
+            identity where the symmetric part of ``P`` is positive definite, residual ≤ 1e-3 after
+            20 steps at cond ≈ 500) or ``"official"`` (the authors' CUDA: ``V₀ = α·P``,
+            ``α = 1.8/‖W‖∞²``, which can diverge for tiny kernel values).
         inverse: ``"newton"`` (default) or ``"exact"`` (linear solve; analysis).
         conv_kernel: local depthwise conv size on ``V`` (default 3; 0/None disables).
         conv_groups: ``"channel"`` (per-channel depthwise with bias, default) or ``"head"`` (SOFT's
@@ -133,11 +141,11 @@ class LaplacianAttention(TokenMixer):
         lam: float = 4.0,
         qk_scale: Optional[float] = None,
         normalize: bool = True,
-        norm_eps: float = 1e-6,
+        norm_eps: float = 1e-3,
         norm_scale: str = "tokens",
         newton_iters: int = 20,
         newton_eps: float = 0.01,
-        newton_alpha: str = "safe",
+        newton_alpha: str = "transpose",
         inverse: str = "newton",
         conv_kernel: Optional[int] = 3,
         conv_groups: str = "channel",
@@ -145,6 +153,7 @@ class LaplacianAttention(TokenMixer):
         rope_base: float = 100.0,
         grid_remainder: str = "error",
         temperature: str = "none",
+        conv_init: str = "default",
         pool_ratio: Optional[int] = None,
         **kwargs,
     ) -> None:
@@ -158,6 +167,7 @@ class LaplacianAttention(TokenMixer):
         check_choice("conv_groups", conv_groups, ("channel", "head"))
         check_choice("norm_scale", norm_scale, ("none", "tokens", "sqrt"))
         check_choice("temperature", temperature, ("none", "head"))
+        check_choice("conv_init", conv_init, ("default", "zero"))
         check_choice("grid_remainder", grid_remainder, ("error", "floor"))
         if not lam > 0:
             raise ValueError(f"lam={lam} must be > 0 (the Laplacian kernel bandwidth)")
@@ -198,6 +208,10 @@ class LaplacianAttention(TokenMixer):
                 self.conv = nn.Conv2d(dim, dim, kernel_size=k, padding=k // 2, groups=dim, bias=True)
             else:
                 self.conv = nn.Conv2d(h, h, kernel_size=k, padding=k // 2, groups=h, bias=False)
+        if self.conv_kernel and conv_init == "zero":      # the local term starts at 0 and is learnt
+            nn.init.zeros_(self.conv.weight)
+            if self.conv.bias is not None:
+                nn.init.zeros_(self.conv.bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
         self.log_tau = nn.Parameter(torch.zeros(h)) if temperature == "head" else None
@@ -275,24 +289,27 @@ class LaplacianAttention(TokenMixer):
             out = contrast + mean_v
         return out
 
-    def _local(self, y: torch.Tensor, v: torch.Tensor, grid) -> torch.Tensor:
-        """The depthwise conv of the grid values, as ``(B, H*W, C)``."""
+    def _local(self, v: torch.Tensor, grid) -> torch.Tensor:
+        """The depthwise conv of the grid values ``v (B, heads, N, d)``, as ``(B, H*W, C)``.
+
+        Read from ``v`` (a view of the qkv output, no slice of it), so its gradient joins v's instead
+        of zero-filling a second full-size qkv gradient."""
         prefix, h, w = grid
-        b, n, c3 = y.shape
-        c = c3 // 3
         if self.conv_groups == "head":
             return merge_heads(head_conv(self.conv, v, prefix, h, w))
-        vg = y[:, prefix:, 2 * c:].reshape(b, h, w, c).permute(0, 3, 1, 2)
+        b, nh, _, d = v.shape
+        vg = v[:, :, prefix:].transpose(1, 2).reshape(b, h, w, nh * d).permute(0, 3, 1, 2)
         out = self.conv(vg.contiguous(memory_format=torch.channels_last))
-        return out.permute(0, 2, 3, 1).reshape(b, h * w, c)
+        return out.permute(0, 2, 3, 1).reshape(b, h * w, nh * d)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
-        q, k, v, lq, lk, y = self._project(x, grid)
+        q, k, v, lq, lk, _ = self._project(x, grid)
         out = merge_heads(self._attend(q, k, v, lq, lk))
         if self.conv_kernel:
             prefix = grid[0]
-            local = self._local(y, v, grid).to(out.dtype)
-            out = out + local if prefix == 0 else torch.cat([out[:, :prefix], out[:, prefix:] + local], dim=1)
+            local = self._local(v, grid).to(out.dtype)
+            # zero rows for the prefix tokens: the backward is a slice, not a zero-filled copy
+            out = out + (F.pad(local, (0, 0, prefix, 0)) if prefix else local)
         return self.proj_drop(self.proj(out))
 
     @torch.no_grad()

@@ -5,8 +5,8 @@ Two back ends compute the same numbers:
 * ``c`` (CPU, float32/float64): a small OpenMP C kernel (:mod:`vitmix.ops._l1_kernel`), compiled on
   first use in about a second and cached on disk (:mod:`vitmix.ops._cbuild`), so there is no
   compile-on-first-forward stall. One pass over the (token, landmark, channel) triples with the
-  landmarks laid out ``(d, M)`` so the inner loop vectorises over landmarks, the ``exp(-d/λ)``
-  fused into the forward; backward writes ``grad_x`` and per-block partial sums of ``grad_y``
+  landmarks transposed to ``(d, M)`` in a per-item buffer so the inner loop vectorises over
+  landmarks, the ``exp(-d/λ)`` fused into the forward; backward writes ``grad_x`` and per-block partial sums of ``grad_y``
   (no atomics, no ``N×M×d`` tensor).
 * ``eager``: ``torch.cdist(p=1)`` forward (a loop over pairs, no N×M×d tensor) and a backward that
   walks over row chunks of ``x`` so that the ``sign`` tensor of one chunk stays below
@@ -84,13 +84,13 @@ def laplace_forward(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tenso
     """exp(-||x_i - y_j||_1 / lam) without autograd; x (..., N, d), y (..., M, d) same batch shape."""
     lib = _c_lib(x, y)
     if lib is not None:
-        xf, ytf = _flat3(x), _flat3(y.mT)             # landmarks as (B, d, M): see _l1_kernel
+        xf, yf = _flat3(x), _flat3(y)
         b, n, d = xf.shape
-        m = ytf.shape[2]
+        m = yf.shape[1]
         out = torch.empty(b, n, m, dtype=xf.dtype)
         threads = torch.get_num_threads()
         getattr(lib, f"vitmix_l1_fwd_{_SUFFIX[xf.dtype]}")(
-            _ptr(xf), _ptr(ytf), _ptr(out), b, n, m, d, _row_block(b, n, threads), -1.0 / lam, 1, threads)
+            _ptr(xf), _ptr(yf), _ptr(out), b, n, m, d, _row_block(b, n, threads), -1.0 / lam, 1, threads)
         return out.view(*x.shape[:-1], m)
     d = torch.cdist(x, y, p=1.0)
     return d.mul_(-1.0 / lam).exp_()
@@ -109,11 +109,10 @@ def l1_backward(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> Tuple[torc
         rows = _row_block(b, n, threads)
         blocks = -(-n // rows)
         gx = torch.empty_like(xf)
-        part = torch.empty(b, blocks, d, m, dtype=xf.dtype)
-        ytf = yf.mT.contiguous()        # kept alive by this name for the duration of the C call
+        part = torch.empty(b, blocks, m, d, dtype=xf.dtype)
         getattr(lib, f"vitmix_l1_bwd_{_SUFFIX[xf.dtype]}")(
-            _ptr(gf), _ptr(xf), _ptr(ytf), _ptr(gx), _ptr(part), b, n, m, d, rows, threads)
-        gy = (part.sum(1) if blocks > 1 else part[:, 0]).mT
+            _ptr(gf), _ptr(xf), _ptr(yf), _ptr(gx), _ptr(part), b, n, m, d, rows, threads)
+        gy = part.sum(1) if blocks > 1 else part[:, 0]
         return gx.reshape(*batch_shape, n, d), gy.reshape(*batch_shape, m, d)
     return _eager_backward(gf, xf, yf, batch_shape)
 
