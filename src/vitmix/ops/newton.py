@@ -36,7 +36,8 @@ chooses ``V0`` per matrix:
     ``α = 1.8 / (max_i Σ_j A_ij)²`` from the **unperturbed** ``A`` and ``V0 = α P`` whatever the
     symmetry (``symmetric`` is ignored). Use it to match released checkpoints.
 
-The forward runs without autograd; the backward is the analytic derivative of an inverse evaluated
+The forward runs without autograd (on CPU the loop is a small C kernel that keeps each m×m matrix in
+cache, :mod:`vitmix.ops._ns_kernel`; batched BLAS otherwise); the backward is the analytic derivative of an inverse evaluated
 once at the result, ``dL/dA = -Vᵀ G Vᵀ`` (exact at convergence; with few iterations SOFT's "inverse"
 is a spectrally filtered one, and this backward is what the official code uses). Everything runs in
 float32 (float64 stays float64) with autocast disabled; half inputs give a float32 result.
@@ -44,11 +45,14 @@ float32 (float64 stays float64) with autocast disabled; half inputs give a float
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Optional, Tuple, Union
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from ._cbuild import CKernel
 from ._common import check_finite_float, compute_dtype, no_autocast, single_thread_if_small
 
 __all__ = ["newton_schulz_inverse", "newton_schulz_reference"]
@@ -153,10 +157,48 @@ def _pick(P: torch.Tensor, V: torch.Tensor, V_t: torch.Tensor, need: torch.Tenso
     return torch.where(use_t[..., None, None], V_t, V)
 
 
+def _ns_source() -> str:
+    from ._ns_kernel import SOURCE
+
+    return SOURCE
+
+
+def _ns_declare(lib) -> None:
+    for sfx in ("f32", "f64"):
+        fn = getattr(lib, f"vitmix_ns_{sfx}")
+        fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        fn.restype = None
+
+
+#: the Newton–Schulz loop as a small C kernel (per-matrix, cache-resident; see ``_ns_kernel``)
+NS_KERNEL = CKernel("ns_kernel", _ns_source, _ns_declare)
+_NS_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_NS_C_MAX_M = 256          # larger matrices: batched BLAS is the better tool
+
+
+def _c_iterate(P3: torch.Tensor, V3: torch.Tensor, iters: int):
+    """The C loop when it applies (CPU float32/float64, eager, m <= 256), else ``None``."""
+    m = P3.shape[-1]
+    if (P3.device.type != "cpu" or P3.dtype not in _NS_SUFFIX or m > _NS_C_MAX_M or iters == 0
+            or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None):
+        return None
+    lib = NS_KERNEL.load()
+    if lib is None:
+        return None
+    P3, V3 = P3.contiguous(), V3.clone(memory_format=torch.contiguous_format)
+    getattr(lib, f"vitmix_ns_{_NS_SUFFIX[P3.dtype]}")(
+        ctypes.c_void_p(P3.data_ptr()), ctypes.c_void_p(V3.data_ptr()), P3.shape[0], m, iters,
+        torch.get_num_threads())
+    return V3
+
+
 def _iterate(P: torch.Tensor, V: torch.Tensor, iters: int) -> torch.Tensor:
     shape = P.shape
     P3 = P.reshape(-1, shape[-2], shape[-1])
     V3 = V.reshape(-1, shape[-2], shape[-1]).contiguous()
+    out = _c_iterate(P3, V3, iters)
+    if out is not None:
+        return out.reshape(shape)
     for _ in range(iters):
         # V <- 2V - V (P V)
         V3 = torch.baddbmm(V3, V3, torch.bmm(P3, V3), beta=2.0, alpha=-1.0)
