@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from vitmix.bench.env import environment
@@ -54,7 +55,7 @@ def run_entry(label: str, cfg: TrainConfig, run_root: Path) -> dict:
             "train_seconds": summary["train_seconds"]}
 
 
-def write(rows, cfg_path: Path, out: Path, env: dict) -> None:
+def write(rows, cfg_path: Path, out: Path, env: dict, cmd: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     base = next((r for r in rows if r["entry"] == "softmax"), None)
     for r in rows:
@@ -64,9 +65,10 @@ def write(rows, cfg_path: Path, out: Path, env: dict) -> None:
     epochs = max(len(r["val_acc"]) for r in rows)
     head = "| entry | params | " + " | ".join(f"ep {e + 1}" for e in range(epochs)) + " | final | best | train s |"
     lines = [f"# Validation accuracy (%) by epoch: `{cfg_path.as_posix()}`", "",
-             f"Command: `python benchmarks/learning.py --config {cfg_path.as_posix()}`; one run per entry, same "
-             f"recipe and seed. {env['cpu']}, {env['torch_threads']} threads, torch {env['torch']}, "
-             f"{env['date_utc']}.", "", head, "|---" * (epochs + 5) + "|"]
+             f"Command: `{cmd}`; one run per entry, same "
+             f"recipe and seed. {env['cpu']}, torch {env['torch']}, {env['date_utc']}. 'train s' is wall time "
+             "on whatever else the machine ran (not a speed measurement: see benchmarks/projection_floor.py).",
+             "", head, "|---" * (epochs + 5) + "|"]
     for r in rows:
         accs = " | ".join(f"{a:.2f}" for a in r["val_acc"])
         lines.append(f"| {r['entry']} | {r['params'] / 1e3:.0f}k | {accs} | {r['final']:.2f} | {r['best']:.2f} | "
@@ -109,7 +111,8 @@ def main(argv=None) -> None:
     todo = entries(cfg, [m for m in args.mixers.split(",") if m], [m for m in args.models.split(",") if m])
     env = environment()
     rows = [run_entry(label, c, run_root) for label, c in todo]
-    write(rows, args.config, args.out or ROOT / "results" / "learning" / stem, env)
+    cmd = "python benchmarks/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    write(rows, args.config, args.out or ROOT / "results" / "learning" / stem, env, cmd)
 
 
 if __name__ == "__main__":
