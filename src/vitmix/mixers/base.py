@@ -160,7 +160,9 @@ class TokenMixer(nn.Module):
             raise ValueError(
                 f"{type(self).__name__} expects x of shape (B, N, {self.dim}), got {tuple(x.shape)}"
             )
-        if self.rejects_non_finite and not torch.compiler.is_compiling() and not bool(torch.isfinite(x).all()):
+        # one reduction, no (B, N, C) boolean tensor: a NaN/Inf anywhere makes the float32 sum non-finite
+        if (self.rejects_non_finite and not torch.compiler.is_compiling()
+                and not bool(torch.isfinite(x.sum(dtype=torch.float32)))):
             raise ValueError(f"{type(self).__name__}: the input x contains NaN or Inf values; check the layers "
                              f"before it (a diverged training step, a bad learning rate or an fp16 overflow)")
         if (attn_mask is not None or is_causal) and not self.supports_attn_mask:

@@ -39,10 +39,10 @@ def _declare(lib) -> None:
     p, i64, dbl, cint = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
     for sfx in ("f32", "f64"):
         fwd = getattr(lib, f"vitmix_l1_fwd_{sfx}")
-        fwd.argtypes = [p] * 3 + [i64] * 5 + [dbl, cint, cint]
+        fwd.argtypes = [p] * 4 + [i64] * 5 + [dbl, cint, cint]
         fwd.restype = None
         bwd = getattr(lib, f"vitmix_l1_bwd_{sfx}")
-        bwd.argtypes = [p] * 5 + [i64] * 5 + [cint]
+        bwd.argtypes = [p] * 6 + [i64] * 5 + [cint]
         bwd.restype = None
 
 
@@ -70,6 +70,18 @@ def _flat3(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
 
 
+def _strided_rows(t: torch.Tensor):
+    """``t (..., N, d)`` as the C kernel reads it in place: ``(t', strides)`` with ``strides`` =
+    ``(heads, batch stride, head stride, token stride)`` for up to two leading dims and a unit
+    channel stride (q/k views of a fused qkv output need no copy); otherwise a contiguous copy."""
+    if t.stride(-1) == 1 and t.dim() in (3, 4):
+        b, h = (t.shape[0], t.shape[1]) if t.dim() == 4 else (t.shape[0], 1)
+        sb, sh = (t.stride(0), t.stride(1)) if t.dim() == 4 else (t.stride(0), 0)
+        return t, (ctypes.c_int64 * 4)(h, sb, sh, t.stride(-2)), b * h
+    flat = _flat3(t)
+    return flat, (ctypes.c_int64 * 4)(1, flat.stride(0), 0, flat.stride(1)), flat.shape[0]
+
+
 def _row_block(b: int, n: int, threads: int) -> int:
     """Rows per work item: enough items to balance the threads, few enough ``grad_y`` partials."""
     per_sample = max(1, -(-4 * threads // max(b, 1)))         # items wanted per (batch·head) slice
@@ -84,13 +96,14 @@ def laplace_forward(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tenso
     """exp(-||x_i - y_j||_1 / lam) without autograd; x (..., N, d), y (..., M, d) same batch shape."""
     lib = _c_lib(x, y)
     if lib is not None:
-        xf, yf = _flat3(x), _flat3(y)
-        b, n, d = xf.shape
+        xv, xs, b = _strided_rows(x)
+        yf = _flat3(y)
+        n, d = x.shape[-2:]
         m = yf.shape[1]
-        out = torch.empty(b, n, m, dtype=xf.dtype)
+        out = torch.empty(b, n, m, dtype=x.dtype)
         threads = torch.get_num_threads()
-        getattr(lib, f"vitmix_l1_fwd_{_SUFFIX[xf.dtype]}")(
-            _ptr(xf), _ptr(yf), _ptr(out), b, n, m, d, _row_block(b, n, threads), -1.0 / lam, 1, threads)
+        getattr(lib, f"vitmix_l1_fwd_{_SUFFIX[x.dtype]}")(
+            _ptr(xv), xs, _ptr(yf), _ptr(out), b, n, m, d, _row_block(b, n, threads), -1.0 / lam, 1, threads)
         return out.view(*x.shape[:-1], m)
     d = torch.cdist(x, y, p=1.0)
     return d.mul_(-1.0 / lam).exp_()
@@ -101,20 +114,20 @@ def l1_backward(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> Tuple[torc
     batch_shape = x.shape[:-2]
     n, d = x.shape[-2:]
     m = y.shape[-2]
-    gf, xf, yf = _flat3(g), _flat3(x), _flat3(y)
     lib = _c_lib(x, y)
-    if lib is not None and gf.dtype == xf.dtype:
-        b = xf.shape[0]
+    if lib is not None and g.dtype == x.dtype:
+        gf, yf = _flat3(g), _flat3(y)
+        xv, xs, b = _strided_rows(x)
         threads = torch.get_num_threads()
         rows = _row_block(b, n, threads)
         blocks = -(-n // rows)
-        gx = torch.empty_like(xf)
-        part = torch.empty(b, blocks, m, d, dtype=xf.dtype)
-        getattr(lib, f"vitmix_l1_bwd_{_SUFFIX[xf.dtype]}")(
-            _ptr(gf), _ptr(xf), _ptr(yf), _ptr(gx), _ptr(part), b, n, m, d, rows, threads)
+        gx = torch.empty(b, n, d, dtype=x.dtype)
+        part = torch.empty(b, blocks, m, d, dtype=x.dtype)
+        getattr(lib, f"vitmix_l1_bwd_{_SUFFIX[x.dtype]}")(
+            _ptr(gf), _ptr(xv), xs, _ptr(yf), _ptr(gx), _ptr(part), b, n, m, d, rows, threads)
         gy = part.sum(1) if blocks > 1 else part[:, 0]
         return gx.reshape(*batch_shape, n, d), gy.reshape(*batch_shape, m, d)
-    return _eager_backward(gf, xf, yf, batch_shape)
+    return _eager_backward(_flat3(g), _flat3(x), _flat3(y), batch_shape)
 
 
 def _eager_backward(gf, xf, yf, batch_shape):

@@ -7,7 +7,7 @@ instantiated for float32 and float64.
 
 HEADER = r"""/* L1 distance between token rows and landmark rows, forward and backward (Laplacian kernel).
  *
- * x (B, N, D), y (B, M, D), g (B, N, M), all contiguous. Work items are (b, block of ROWS rows of x).
+ * x (B, N, D) read through strides (XROW), y (B, M, D) and g (B, N, M) contiguous. Work items are (b, block of ROWS rows of x).
  * Each item first copies its landmarks transposed, yt (D, M) in a private buffer (like the official
  * CUDA operator's key layout): for a fixed token i and channel c the M landmarks are then one
  * contiguous row, so the innermost loop runs over landmarks and vectorises without horizontal sums.
@@ -25,6 +25,10 @@ HEADER = r"""/* L1 distance between token rows and landmark rows, forward and ba
 #include <string.h>
 
 #define JB 16
+/* x is read in place through strides xs = {heads H, batch stride, head stride, token stride} (unit
+ * channel stride): row i of slice b = (batch b / H, head b % H), e.g. q and k as views of the qkv
+ * projection, or broadcast (stride 0) landmarks, without a contiguous copy */
+#define XROW(x, xs, b, i) ((x) + ((b) / (xs)[0]) * (xs)[1] + ((b) % (xs)[0]) * (xs)[2] + (i) * (xs)[3])
 """
 
 BODY = r"""
@@ -36,8 +40,8 @@ static void transpose_SFX(const TYPE *y, TYPE *yt, int64_t M, int64_t D) {
         for (int64_t c = 0; c < D; ++c) yt[c * M + j] = y[j * D + c];
 }
 
-void vitmix_l1_fwd_SFX(const TYPE *x, const TYPE *y, TYPE *out, int64_t B, int64_t N, int64_t M, int64_t D,
-                       int64_t rows, double neg_inv_lam, int apply_exp, int nthreads) {
+void vitmix_l1_fwd_SFX(const TYPE *x, const int64_t *xs, const TYPE *y, TYPE *out, int64_t B, int64_t N,
+                       int64_t M, int64_t D, int64_t rows, double neg_inv_lam, int apply_exp, int nthreads) {
     /* Landmarks in blocks of JB: the JB partial sums of one token stay in registers over all D
      * channels (one load of yt per channel and block, no load/store of the output in the loop). */
     const int64_t nblk = (N + rows - 1) / rows;
@@ -52,7 +56,7 @@ void vitmix_l1_fwd_SFX(const TYPE *x, const TYPE *y, TYPE *out, int64_t B, int64
         for (int64_t j = 0; j < M; ++j)
             for (int64_t c = 0; c < D; ++c) yb[c * Mp + j] = ysrc[j * D + c];
         for (int64_t i = i0; i < i1; ++i) {
-            const TYPE *xi = x + (b * N + i) * D;
+            const TYPE *xi = XROW(x, xs, b, i);
             TYPE *o = out + (b * N + i) * M;
             for (int64_t j0 = 0; j0 < Mp; j0 += JB) {
                 VEC_SFX acc = {0};
@@ -71,8 +75,8 @@ void vitmix_l1_fwd_SFX(const TYPE *x, const TYPE *y, TYPE *out, int64_t B, int64
     }
 }
 
-void vitmix_l1_bwd_SFX(const TYPE *g, const TYPE *x, const TYPE *y, TYPE *gx, TYPE *part, int64_t B, int64_t N,
-                       int64_t M, int64_t D, int64_t rows, int nthreads) {
+void vitmix_l1_bwd_SFX(const TYPE *g, const TYPE *x, const int64_t *xs, const TYPE *y, TYPE *gx, TYPE *part,
+                       int64_t B, int64_t N, int64_t M, int64_t D, int64_t rows, int nthreads) {
     const int64_t nblk = (N + rows - 1) / rows;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t item = 0; item < B * nblk; ++item) {
@@ -83,7 +87,7 @@ void vitmix_l1_bwd_SFX(const TYPE *g, const TYPE *x, const TYPE *y, TYPE *gx, TY
         transpose_SFX(y + b * M * D, yb, M, D);
         memset(py, 0, sizeof(TYPE) * (size_t)(D * M));
         for (int64_t i = i0; i < i1; ++i) {
-            const TYPE *xi = x + (b * N + i) * D;
+            const TYPE *xi = XROW(x, xs, b, i);
             const TYPE *restrict gi = g + (b * N + i) * M;
             TYPE *gxi = gx + (b * N + i) * D;
             for (int64_t c = 0; c < D; ++c) {
