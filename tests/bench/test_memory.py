@@ -53,3 +53,43 @@ def test_linear_vs_quadratic_memory_growth(spec, quadratic):
         assert ratio > 10, ratio
     else:
         assert ratio < 5, ratio
+
+
+def test_torch_without_mem_tracker_reports_unavailable(monkeypatch):
+    """Fault injection: a torch build without torch.distributed -> the probe says so instead of failing."""
+    import sys
+
+    from vitmix.bench.memory import memory_method
+
+    monkeypatch.setitem(sys.modules, "torch.distributed._tools.mem_tracker", None)   # import raises ImportError
+    assert memory_method("cpu") == "unavailable"
+    res = peak_memory(lambda: torch.empty(10), "cpu")
+    assert res.peak_bytes is None and res.method == "unavailable"
+
+
+def test_environment_without_proc_cpuinfo_or_load_average(monkeypatch):
+    """Fault injection: no /proc/cpuinfo and no getloadavg (non-Linux) -> platform fallbacks, no crash."""
+    import builtins
+    import os
+    import platform
+
+    from vitmix.bench.env import cpu_model, environment
+
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc/"):
+            raise OSError("no /proc here")
+        return real_open(path, *args, **kwargs)
+
+    def no_load():
+        raise OSError("no load average")
+
+    from vitmix.bench.sweep import _available_bytes
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    monkeypatch.setattr(os, "getloadavg", no_load)
+    assert cpu_model() == (platform.processor() or platform.machine())
+    env = environment()
+    assert env["load_average_1m"] is None and env["cpu"] == cpu_model()
+    assert _available_bytes(torch.device("cpu")) is None      # the sweep's memory-fit check is skipped

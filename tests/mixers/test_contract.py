@@ -1,4 +1,4 @@
-"""The mixer contract, checked for every registered mixer (DESIGN.md "The mixer contract")."""
+"""The mixer contract (module docstring of vitmix.mixers.base), checked for every registered mixer."""
 import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer

@@ -94,7 +94,7 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
             summary.append({"kernel": kernel, "start": start, "eps": e, "median_cond_A": float(cond),
                             "median_cond_A+epsI": float(cond_p),
                             **{f"res_A@{t}": r[t] for t in (5, 10, 20, iters) if t in r},
-                            f"res_P@20": rp.get(20, math.nan), f"res_P@{iters}": rp[iters]})
+                            "res_P@20": rp.get(20, math.nan), f"res_P@{iters}": rp[iters]})
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)

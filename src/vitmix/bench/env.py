@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+from typing import Optional
 
 import torch
 
@@ -15,20 +16,24 @@ def cpu_model() -> str:
             for line in fh:
                 if line.lower().startswith("model name"):
                     return line.split(":", 1)[1].strip()
-    except OSError:  # pragma: no cover - non-Linux
+    except OSError:  # non-Linux (no /proc): tested by making the read fail
         pass
     return platform.processor() or platform.machine()
+
+
+def load_average() -> Optional[float]:
+    """The 1-minute load average, or ``None`` where the platform has none (tested by making it fail)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def environment(device="cpu") -> dict:
     """Machine and software facts that a benchmark number depends on."""
     device = torch.device(device)
-    try:
-        import timm
+    import timm  # a dependency of vitmix
 
-        timm_version = timm.__version__
-    except Exception:  # pragma: no cover
-        timm_version = None
     from .. import __version__
 
     env = {
@@ -40,21 +45,18 @@ def environment(device="cpu") -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda if device.type == "cuda" else None,
-        "timm": timm_version,
+        "timm": timm.__version__,
         "vitmix": __version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "timing_method": ("CUDA events" if device.type == "cuda"
                           else f"torch.utils.benchmark, {torch.get_num_threads()} threads"),
     }
-    try:
-        env["load_average_1m"] = round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover - platforms without getloadavg
-        env["load_average_1m"] = None
+    env["load_average_1m"] = load_average()
     from .flops import UNIT
 
     env["flop_unit"] = UNIT
     return env
 
 
-__all__ = ["environment", "cpu_model"]
+__all__ = ["environment", "cpu_model", "load_average"]

@@ -33,11 +33,16 @@ def memory_method(device: torch.device) -> str:
     """The name of the method :func:`peak_memory` uses on ``device``."""
     if torch.device(device).type == "cuda":
         return CUDA_METHOD
+    return CPU_METHOD if _mem_tracker() is not None else "unavailable"
+
+
+def _mem_tracker():
+    """torch's ``MemTracker`` class, or ``None`` in torch builds without ``torch.distributed``."""
     try:
-        from torch.distributed._tools.mem_tracker import MemTracker  # noqa: F401
-    except Exception:  # pragma: no cover - depends on the torch build
-        return "unavailable"
-    return CPU_METHOD
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError:
+        return None
+    return MemTracker
 
 
 def _total(snapshot) -> int:
@@ -61,11 +66,10 @@ def peak_memory(fn: Callable[[], object], device, track: Iterable[object] = ()) 
         fn()
         torch.cuda.synchronize(device)
         return MemoryResult(int(torch.cuda.max_memory_allocated(device) - base), CUDA_METHOD)
-    try:
-        from torch.distributed._tools.mem_tracker import MemTracker
-    except Exception:  # pragma: no cover - depends on the torch build
+    tracker_cls = _mem_tracker()
+    if tracker_cls is None:
         return MemoryResult(None, "unavailable")
-    tracker = MemTracker()
+    tracker = tracker_cls()
     tracked = [t for t in track if isinstance(t, (torch.nn.Module, torch.Tensor))]
     if tracked:
         tracker.track_external(*tracked)

@@ -206,14 +206,12 @@ class SoftAttention(TokenMixer):
         Row ``i`` holds the Nyström weights ``K(q_i, L) · NS(A) · K(L, Q)``; the local convolution
         on ``V`` is not included.
         """
-        grid = self._grid_for(x, hw, num_prefix_tokens)
+        grid = self.token_grid(x.shape[1], hw, num_prefix_tokens)
         q, _ = self._qv(x)
         lm = self._landmarks(q, grid)
         eye = torch.eye(x.shape[1], dtype=q.dtype, device=q.device).expand(q.shape[0], self.num_heads, -1, -1)
         return self._attend(q, eye, lm)
 
-    def _grid_for(self, x, hw, num_prefix_tokens):
-        return self.token_grid(x.shape[1], hw, num_prefix_tokens)
 
 
 @register_mixer("soft_norm")

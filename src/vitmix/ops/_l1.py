@@ -6,8 +6,8 @@ Two back ends compute the same numbers:
   first use in about a second and cached on disk (:mod:`vitmix.ops._cbuild`), so there is no
   compile-on-first-forward stall. One pass over the (token, landmark, channel) triples with the
   landmarks transposed to ``(d, M)`` in a per-item buffer so the inner loop vectorises over
-  landmarks, the ``exp(-d/λ)`` fused into the forward; backward writes ``grad_x`` and per-block partial sums of ``grad_y``
-  (no atomics, no ``N×M×d`` tensor).
+  landmarks, the ``exp(-d/λ)`` fused into the forward; backward writes ``grad_x`` and per-block
+  partial sums of ``grad_y`` (no atomics, no ``N×M×d`` tensor).
 * ``eager``: ``torch.cdist(p=1)`` forward (a loop over pairs, no N×M×d tensor) and a backward that
   walks over row chunks of ``x`` so that the ``sign`` tensor of one chunk stays below
   ``_CHUNK_ELEMENTS`` elements. Every device and dtype; used when the C kernel is unavailable (no

@@ -7,7 +7,8 @@ instantiated for float32 and float64.
 
 HEADER = r"""/* L1 distance between token rows and landmark rows, forward and backward (Laplacian kernel).
  *
- * x (B, N, D) read through strides (XROW), y (B, M, D) and g (B, N, M) contiguous. Work items are (b, block of ROWS rows of x).
+ * x (B, N, D) read through strides (XROW), y (B, M, D) and g (B, N, M) contiguous. Work items are
+ * (b, block of ROWS rows of x).
  * Each item first copies its landmarks transposed, yt (D, M) in a private buffer (like the official
  * CUDA operator's key layout): for a fixed token i and channel c the M landmarks are then one
  * contiguous row, so the innermost loop runs over landmarks and vectorises without horizontal sums.

@@ -37,7 +37,8 @@ chooses ``V0`` per matrix:
     symmetry (``symmetric`` is ignored). Use it to match released checkpoints.
 
 The forward runs without autograd (on CPU the loop is a small C kernel that keeps each m×m matrix in
-cache, :mod:`vitmix.ops._ns_kernel`; batched BLAS otherwise); the backward is the analytic derivative of an inverse evaluated
+cache, :mod:`vitmix.ops._ns_kernel`; batched BLAS otherwise); the backward is the analytic
+derivative of an inverse evaluated
 once at the result, ``dL/dA = -Vᵀ G Vᵀ`` (exact at convergence; with few iterations SOFT's "inverse"
 is a spectrally filtered one, and this backward is what the official code uses). Everything runs in
 float32 (float64 stays float64) with autocast disabled; half inputs give a float32 result.
@@ -111,21 +112,20 @@ def _symmetric_mask(A: torch.Tensor, symmetric: Optional[bool]) -> torch.Tensor:
 
 
 def _start(A: torch.Tensor, P: torch.Tensor, symmetric: Optional[bool], alpha: str):
-    """The first iterate ``V0`` per matrix (differentiable in ``P``; the step sizes are constants) and
-    the per-matrix mask of identity starts (only ``"safe"`` uses them)."""
+    """The first iterate ``V0`` per matrix (a constant: no gradient flows through the start) and the
+    per-matrix mask of identity starts (only ``"safe"`` uses them)."""
     with torch.no_grad():
         if alpha == "official":
             a = 1.8 / A.sum(-1).amax(-1).square()
             return a[..., None, None] * P, torch.zeros_like(a, dtype=torch.bool)
-        row, col = _norms(P)
+        row, _ = _norms(P)
         sym = _symmetric_mask(A, symmetric)
         identity = torch.zeros_like(sym)
         if alpha == "safe" and (torch.compiler.is_compiling() or not bool(sym.all())):
             identity = ~sym & _identity_ok(P)
         v_sym = (1.8 / row.square())[..., None, None] * P
-        v_t = (1.0 / (row * col))[..., None, None] * P.mT
         eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
-        v0 = torch.where(sym[..., None, None], v_sym, v_t)
+        v0 = torch.where(sym[..., None, None], v_sym, _transposed_start(P))
         return torch.where(identity[..., None, None], (1.0 / row)[..., None, None] * eye, v0), identity
 
 
@@ -281,7 +281,7 @@ def newton_schulz_reference(
     symmetric: Optional[bool] = None,
     alpha: str = "safe",
 ) -> torch.Tensor:
-    """Reference: the same start ``V0`` (α treated as a constant), then the plain unrolled iteration
+    """Reference: the same (constant) start ``V0``, then the plain unrolled iteration
     ``V <- 2V - V P V`` with autograd through every step (memory O(iters·m²), gradients by unrolling).
     For ``alpha="safe"`` both starts of a non-symmetric matrix are always unrolled and the same
     residual rule picks one."""
