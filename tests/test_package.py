@@ -1,8 +1,11 @@
-"""Package-level promises: ops/mixers need only torch; `import vitmix` registers models in timm."""
+"""Package-level promises: ops/mixers need only torch; `import vitmix` is light and registers the
+models in timm whichever of the two is imported first."""
 import ast
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 import vitmix
 
@@ -34,9 +37,28 @@ def test_ops_and_mixers_work_without_timm_installed():
     assert out.stdout.split() == [str(len(vitmix.list_mixers())), "False"]
 
 
-def test_import_vitmix_registers_models_in_timm():
-    code = ("import timm, vitmix; "
+@pytest.mark.parametrize("imports", ["import timm, vitmix", "import vitmix, timm", "import torch, vitmix, timm"])
+def test_import_vitmix_registers_models_in_timm(imports):
+    code = (f"{imports}; "
             "print(all(timm.is_model(n) for n in ('vit_nano_patch4_32', 'soft_tiny', 'laplacianformer_tiny', "
             "'weightformer_tiny', 'vit_tiny_patch16_224_fibottention')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_cli_parser_and_import_vitmix_do_not_load_torch():
+    """`vitmix --help` and one-line CLI errors stay fast: building the parser imports no torch/timm
+    (seconds of start-up on a small machine)."""
+    code = ("import sys, vitmix, vitmix.cli; vitmix.cli.build_parser(); "
+            "print(sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_lazy_names_resolve_and_list():
+    code = ("import vitmix; names = dir(vitmix); m = vitmix.create_mixer('softmax', 32, 2); "
+            "print(type(m).__name__, 'create_model' in names, callable(vitmix.list_models))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["SoftmaxAttention", "True", "True"]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        vitmix.nope

@@ -260,3 +260,19 @@ def test_demo_model_with_laplacian_mixer():
     logits.logsumexp(-1).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     assert math.isfinite(float(logits.detach().sum()))
+
+
+def test_learnt_norm_scale_interpolates_the_fixed_scales():
+    """norm_scale="learnt": a per-head exponent θ scales the whitened part by N^(θ-1), so θ = 0, ½, 1
+    give exactly "tokens", "sqrt" and "none", and θ receives a gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 65, 48, dtype=torch.float64)
+    learnt = _make(norm_scale="learnt").eval()
+    for theta, fixed in ((0.0, "tokens"), (0.5, "sqrt"), (1.0, "none")):
+        other = mixers.create("laplacian", 48, 3, qkv_bias=True, norm_scale=fixed).double().eval()
+        other.load_state_dict({k: v for k, v in learnt.state_dict().items() if k != "scale_exponent"})
+        with torch.no_grad():
+            learnt.scale_exponent.fill_(theta)
+        torch.testing.assert_close(learnt(x), other(x), rtol=1e-10, atol=1e-12)
+    learnt(x).square().sum().backward()
+    assert learnt.scale_exponent.grad is not None and learnt.scale_exponent.grad.abs().min() > 0

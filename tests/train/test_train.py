@@ -108,18 +108,33 @@ def test_config_file_and_flags_combine(tmp_path):
         config_from_args(build_parser().parse_args(["train", "--config", str(cfg_file)]))
 
 
-def test_torchrun_two_process_cpu_training(tmp_path):
-    out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "vitmix.cli", "train", "--model", "vit_nano_patch4_32", "--img-size", "16", "--data", "digits",
-           "--epochs", "1", "--max-steps", "3", "--batch-size", "32", "--model-option", "depth=1",
-           "--model-option", "embed_dim=32", "--model-option", "num_heads=2", "--out", str(out)]
+def test_torchrun_two_processes_equal_one_process_at_the_same_global_batch(tmp_path):
+    """2 gloo processes × batch 32 and 1 process × batch 64 see the same images per step (one seeded
+    permutation split across ranks), use the same LR, and end at the same weights to fp32 rounding."""
+    from safetensors.torch import load_file
+
+    common = ["-m", "vitmix.cli", "train", "--model", "vit_nano_patch4_32", "--img-size", "16", "--data", "digits",
+              "--epochs", "2", "--max-steps", "10", "--train-subset", "384", "--no-augment", "--model-option",
+              "depth=1", "--model-option", "embed_dim=32", "--model-option", "num_heads=2"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TQDM_DISABLE="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "world=2" in proc.stdout
-    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    assert metrics["val_images"] == 360  # both ranks' validation shards are summed
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          *common, "--batch-size", "32", "--out", str(tmp_path / "ddp")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    one = subprocess.run([sys.executable, *common, "--batch-size", "64", "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert "world=2, lr 0.002 for a global batch of 64" in ddp.stdout
+    assert "world=1, lr 0.002 for a global batch of 64" in one.stdout
+    m_ddp = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    m_one = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    assert m_ddp[0]["val_images"] == 360  # both ranks' validation shards are summed
+    for a, b in zip(m_ddp, m_one):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5, abs=1e-6)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5, abs=1e-6)
+    wa, wb = load_file(str(tmp_path / "ddp" / "last.safetensors")), load_file(str(tmp_path / "one" / "last.safetensors"))
+    for k in wa:  # fp32 rounding of the two-way gradient average, over 10 AdamW steps
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
 
 
 def test_train_subset_is_a_fixed_seeded_subset(tmp_path):

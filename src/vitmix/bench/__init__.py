@@ -14,6 +14,12 @@ The pieces can be used on their own:
 >>> from vitmix.bench import BenchConfig, run_sweep          # doctest: +SKIP
 >>> result = run_sweep(BenchConfig(kind="mixers", names=["soft"], sizes=[196, 784]))
 """
-from .sweep import BenchConfig, SweepResult, run_sweep
+from .._lazy import lazy_attributes
+
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "BenchConfig": ".config:BenchConfig",
+    "SweepResult": ".config:SweepResult",
+    "run_sweep": ".sweep:run_sweep",
+})
 
 __all__ = ["BenchConfig", "SweepResult", "run_sweep"]

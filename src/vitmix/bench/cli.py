@@ -5,7 +5,7 @@ import argparse
 import shlex
 import sys
 
-from .sweep import DEFAULT_BASELINE_MODEL, DEFAULT_IMAGE_SIZES, DEFAULT_TOKENS, PASSES, BenchConfig
+from .config import DEFAULT_BASELINE_MODEL, DEFAULT_IMAGE_SIZES, DEFAULT_TOKENS, PASSES, BenchConfig
 
 EPILOG = """examples:
   vitmix bench --mixers all --tokens 196,784,3136 --max-seconds 300 --out runs/bench-mixers

@@ -7,7 +7,7 @@ import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .sweep import SweepResult
+from .config import BenchConfig, SweepResult
 
 COLUMNS = [
     "kind", "name", "options", "size", "tokens", "batch", "dim", "heads", "dtype", "pass", "device", "status",
@@ -155,7 +155,6 @@ def plot(rows: List[dict], kind: str, metric: str, path: str, title: str) -> Opt
 
 def load_results(path: str) -> Tuple[SweepResult, Optional[str]]:
     """Read a ``results.json`` back as ``(SweepResult, command)`` (e.g. to redraw its plots)."""
-    from .sweep import BenchConfig
 
     with open(path) as fh:
         payload = json.load(fh)

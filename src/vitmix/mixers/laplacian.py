@@ -33,6 +33,7 @@ convolution use the grid tokens only.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -96,7 +97,8 @@ class LaplacianAttention(TokenMixer):
             injective); ``"none"`` is the reconstructed paper formula ``Z = R·D^(-1/2) + 1/N``, whose
             ``√N``-sized outputs give ~20x larger gradients at initialisation and train poorly
             with gradient clipping (see ``docs/soft-laplacianformer.md``); ``"sqrt"`` divides by √N
-            (ablation).
+            (ablation); ``"learnt"`` learns a per-head exponent θ (init 0) of the factor
+            ``N^(θ-1)``, which moves between the three (ablation).
         temperature: ``"head"`` multiplies the whitened part by a learnt per-head factor (ablation;
             ``"none"`` default).
         newton_iters, newton_eps: Newton–Schulz iterations (20) and diagonal perturbation (0.01).
@@ -165,7 +167,7 @@ class LaplacianAttention(TokenMixer):
         check_choice("inverse", inverse, ("newton", "exact"))
         check_choice("newton_alpha", newton_alpha, ("safe", "transpose", "official"))
         check_choice("conv_groups", conv_groups, ("channel", "head"))
-        check_choice("norm_scale", norm_scale, ("none", "tokens", "sqrt"))
+        check_choice("norm_scale", norm_scale, ("none", "tokens", "sqrt", "learnt"))
         check_choice("temperature", temperature, ("none", "head"))
         check_choice("conv_init", conv_init, ("default", "zero"))
         check_choice("grid_remainder", grid_remainder, ("error", "floor"))
@@ -215,6 +217,8 @@ class LaplacianAttention(TokenMixer):
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
         self.log_tau = nn.Parameter(torch.zeros(h)) if temperature == "head" else None
+        # learnt per-head exponent θ of the contrast scale N^(θ-1): 0 = "tokens", ½ = "sqrt", 1 = "none"
+        self.scale_exponent = nn.Parameter(torch.zeros(h)) if norm_scale == "learnt" else None
 
     @classmethod
     def stage_options(cls, stage: int, stride: int, newton_iters: int) -> dict:
@@ -282,7 +286,10 @@ class LaplacianAttention(TokenMixer):
             # Z = R·D^(-1/2) + 1/N  →  R·D^(-1/2)/N + 1/N: ZV = mean(V) + (whitened part)/N
             mean_v = v.mean(-2, keepdim=True).to(out.dtype)
             n = v.shape[-2]
-            scale = {"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale]
+            if self.scale_exponent is not None:
+                scale = torch.exp((self.scale_exponent - 1.0) * math.log(n)).view(-1, 1, 1).to(out.dtype)
+            else:
+                scale = {"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale]
             contrast = (out - mean_v) * scale
             if self.log_tau is not None:
                 contrast = contrast * self.log_tau.exp().view(-1, 1, 1).to(out.dtype)

@@ -1,5 +1,10 @@
 """Training and evaluation: config, engine, checkpoints, distributed set-up, plots."""
-from .config import TrainConfig
-from .runner import evaluate_checkpoint, train
+from .._lazy import lazy_attributes
+
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "TrainConfig": ".config:TrainConfig",
+    "train": ".runner:train",
+    "evaluate_checkpoint": ".runner:evaluate_checkpoint",
+})
 
 __all__ = ["TrainConfig", "train", "evaluate_checkpoint"]

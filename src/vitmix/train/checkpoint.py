@@ -5,6 +5,7 @@ interrupted save never leaves a half-written checkpoint over a good one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -30,6 +31,24 @@ def _atomic(path: Path, write) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def save_text(path: Path, text: str) -> None:
+    """Write a text file atomically (e.g. ``metrics.jsonl``)."""
+    _atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file (the checkpoint manifest records one per file of a set)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def remove_stray_temporaries(run_dir: Path) -> int:
+    """Delete the ``.NAME.*.tmp`` files an interrupted atomic write leaves behind; returns how many."""
+    stray = sorted(Path(run_dir).glob(".*.tmp"))
+    for path in stray:
+        path.unlink()
+    return len(stray)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 from .config import TrainConfig, load_yaml, parse_key_values
 
@@ -12,8 +13,10 @@ _HELP = {
     "data": "digits | fashion-mnist | cifar10 | cifar100 | imagefolder",
     "data_dir": "dataset directory (default: the dataset's standard location)",
     "download": "allow torchvision to download fashion-mnist/cifar",
+    "augment": "train without random crops/flips (e.g. to compare runs sample for sample)",
     "img_size": "input resolution (default: the model's)",
-    "lr": "peak learning rate (scaled by global batch/512 under torchrun)",
+    "lr": "peak learning rate, the same for any number of processes at the same global batch",
+    "lr_base_batch": "scale --lr linearly by global batch / this (DeiT: 512); default: no scaling",
     "warmup_epochs": "linear warm-up length before the cosine decay",
     "smoothing": "label smoothing",
     "mixup": "mixup alpha (0 = off)",
@@ -41,10 +44,15 @@ def add_parser(sub) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
         if isinstance(default, bool):
-            p.add_argument(flag, action="store_true", default=None, help=_HELP.get(f.name))
+            if default:   # on by default: the flag turns it off
+                p.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", default=None,
+                               help=_HELP.get(f.name))
+            else:
+                p.add_argument(flag, action="store_true", default=None, help=_HELP.get(f.name))
             continue
         kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("img_size", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset"):
+        if f.name in ("img_size", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset",
+                      "lr_base_batch"):
             kind = int
         if f.name == "clip_grad":
             kind = float
@@ -67,7 +75,12 @@ def add_parser(sub) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    values = load_yaml(args.config) if args.config else {}
+    """The run's config: ``--config`` overlaid by the flags given. With ``--resume`` the base is the
+    run's own ``config.yaml``, so ``vitmix train --out RUN --resume`` needs no other flag (and a flag
+    that would change the run is refused by the runner)."""
+    saved = Path(args.out or "", "config.yaml")
+    values = load_yaml(saved) if args.resume and args.out and saved.is_file() else {}
+    values.update(load_yaml(args.config) if args.config else {})
     for name in TrainConfig.field_names():
         value = getattr(args, name, None)
         if value is not None:

@@ -20,10 +20,12 @@ class TrainConfig:
     data: str = "digits"
     data_dir: Optional[str] = None
     download: bool = False
+    augment: bool = True                 # random resized crops (and flips for colour data) in training
     img_size: Optional[int] = None       # None: the model's default input size
     epochs: int = 20
     batch_size: int = 32
-    lr: float = 2e-3
+    lr: float = 2e-3                     # peak LR for the global batch, whatever the world size
+    lr_base_batch: Optional[int] = None  # scale lr by global batch / this (DeiT: 512); None: no scaling
     min_lr: float = 1e-5
     warmup_epochs: float = 1.0
     weight_decay: float = 0.05
@@ -49,8 +51,11 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
     def save(self, path: Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        Path(path).write_text(self.to_yaml())
 
     @classmethod
     def load(cls, path: Path) -> "TrainConfig":

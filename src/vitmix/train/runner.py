@@ -19,17 +19,74 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ..data import build_datasets, build_loaders
 from ..models import create_model
-from .checkpoint import load_into, load_state, load_weights, save_state, save_weights, unwrap
+from .checkpoint import (
+    file_digest, load_into, load_state, load_weights, remove_stray_temporaries, save_state, save_text, save_weights,
+    unwrap,
+)
 from .config import TrainConfig
 from .distributed import DistInfo, cleanup, init_distributed
 from .engine import evaluate, train_one_epoch
 from .plots import plot_curves
 
 
+#: What ``--resume`` may change: where the run executes, how it loads data, and a longer schedule
+#: (``--epochs``/``--max-steps``: the cosine decay is re-laid over the new length from the current
+#: step, so the run then differs from an uninterrupted one). Anything else is refused.
+RESUME_MAY_CHANGE = ("out", "resume", "device", "workers", "epochs", "max_steps")
+#: The user-facing files of one checkpoint set; ``state.pt``, written last, records their digests
+#: and holds everything a resume needs, so it is the manifest that decides which set is complete.
+CHECKPOINT_FILES = ("best.safetensors", "metrics.jsonl", "last.safetensors")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def rng_state(loader) -> dict:
+    """Every random stream a resumed run must continue: torch (CPU, CUDA), Python, NumPy (timm's
+    mixup) and the train loader's generator. NumPy's array is stored as a tensor so that
+    ``torch.load(weights_only=True)`` reads it back."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+             "loader": loader.generator.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state, loader) -> None:
+    """Restore what :func:`rng_state` captured (a bare tensor: the torch state of older runs)."""
+    if isinstance(state, torch.Tensor):
+        torch.set_rng_state(state)
+        return
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    loader.generator.set_state(state["loader"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def check_resumable(cfg: TrainConfig, run_dir: Path) -> None:
+    """``--resume`` continues the run in ``run_dir`` as it was configured: a flag that would change
+    the model, mixer, data or recipe is a one-line ``ValueError`` naming it."""
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        raise FileNotFoundError(f"--resume: {saved_path} does not exist, so {run_dir} holds no run to resume; "
+                                "drop --resume to start a new run there")
+    saved = TrainConfig.load(saved_path)
+    for name in TrainConfig.field_names():
+        mine, theirs = getattr(cfg, name), getattr(saved, name)
+        if name not in RESUME_MAY_CHANGE and mine != theirs:
+            flag = {"mixer_options": "--mixer-option", "model_options": "--model-option"}.get(
+                name, "--" + name.replace("_", "-"))
+            raise ValueError(f"--resume: {flag} {mine!r} differs from the run's {theirs!r} ({saved_path}); a resumed "
+                             f"run keeps its config (only {', '.join(RESUME_MAY_CHANGE[2:])} may change): drop the "
+                             "flag or train into a new --out")
 
 
 def default_img_size(model_name: str) -> int:
@@ -65,10 +122,11 @@ def _run_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{stamp}-{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}"
 
 
-def _meta(cfg: TrainConfig, img_size: int, num_classes: int, in_chans: int, epoch: int, val_acc: float) -> dict:
+def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
+    """What a checkpoint records to rebuild its model, and the epoch's ``epoch``/``val_acc``."""
     return {"model": cfg.model, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
-            "model_options": cfg.model_options, "img_size": img_size, "num_classes": num_classes,
-            "in_chans": in_chans, "data": cfg.data, "epoch": epoch, "val_acc": val_acc}
+            "model_options": cfg.model_options, "img_size": img_size, "num_classes": data_info.num_classes,
+            "in_chans": data_info.in_chans, "data": cfg.data, "epoch": metrics["epoch"], "val_acc": metrics["val_acc"]}
 
 
 def _summary_table(history) -> str:
@@ -95,23 +153,33 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 
 def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
-    if cfg.epochs <= 0 or cfg.batch_size <= 0:
-        raise ValueError("--epochs and --batch-size must be positive")
+    for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch"):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be a positive integer")
     seed_everything(cfg.seed + info.rank)
     img_size = cfg.img_size or default_img_size(cfg.model)
-    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download)
+    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment)
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
     model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size).to(info.device)
     run_dir = _run_dir(cfg)
-    if (run_dir / "config.yaml").exists() and not cfg.resume:
+    if cfg.resume:
+        if not cfg.out:
+            raise ValueError("--resume needs --out RUN_DIR: the run directory to continue")
+        check_resumable(cfg, run_dir)
+    elif (run_dir / "config.yaml").exists():
         raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
 
-    sampler = DistributedSampler(train_set, seed=cfg.seed) if info.enabled else None
+    # One sampler for any world size: rank r takes every world-th index of the same seeded
+    # permutation, so with the same global batch each optimizer step sees the same images as a
+    # single process does (in the same order), and the order depends only on (seed, epoch).
+    sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank, seed=cfg.seed,
+                                 drop_last=True)
     val_sampler = DistributedSampler(val_set, shuffle=False) if info.enabled else None
     train_loader, val_loader = build_loaders(train_set, val_set, cfg.batch_size, cfg.workers, cfg.seed,
                                              sampler, val_sampler)
-    # Linear LR scaling with the global batch (reference batch 512), as DeiT does.
-    lr = cfg.lr * cfg.batch_size * info.world_size / 512 if info.enabled else cfg.lr
+    global_batch = cfg.batch_size * info.world_size
+    lr = cfg.lr * global_batch / cfg.lr_base_batch if cfg.lr_base_batch else cfg.lr
     optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = len(train_loader)
     total_steps = steps_per_epoch * cfg.epochs
@@ -130,14 +198,10 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
 
     start_epoch, step, best_acc, history = 0, 0, -1.0, []
     if cfg.resume:
-        state = load_state(run_dir / "state.pt")
-        weights, _ = load_weights(run_dir / "last.safetensors")
-        load_into(model, weights, f"{run_dir}/last.safetensors")
-        optimizer.load_state_dict(state["optimizer"])
-        start_epoch, step, best_acc = int(state["epoch"]), int(state["step"]), float(state["best_acc"])
-        torch.set_rng_state(state["rng"])
-        history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-        history = history[:start_epoch]
+        start_epoch, step, best_acc, history = _resume(run_dir, model, optimizer, train_loader, info.is_main, log,
+                                                       lambda metrics: _meta(cfg, img_size, data_info, metrics))
+        if cfg.epochs < start_epoch:
+            raise ValueError(f"--epochs {cfg.epochs} is below the {start_epoch} epochs {run_dir} has already run")
         scheduler.step_update(num_updates=step)
 
     if info.enabled:
@@ -147,18 +211,18 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
     n_params = sum(p.numel() for p in unwrap(model).parameters())
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.save(run_dir / "config.yaml")
-        (run_dir / "config.yaml").write_text(
-            (run_dir / "config.yaml").read_text() + f"# resolved: img_size={img_size} world_size={info.world_size}\n")
+        save_text(run_dir / "config.yaml", cfg.to_yaml() + f"# resolved: img_size={img_size} world_size={info.world_size}\n")
     log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
         f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {cfg.epochs} epochs, "
-        f"device={info.device}, world={info.world_size}; run dir {run_dir}")
+        f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
+        f"{f' (--lr × {global_batch}/{cfg.lr_base_batch})' if cfg.lr_base_batch else ''}; run dir {run_dir}")
 
     t0 = time.perf_counter()
     epoch = start_epoch
     for epoch in range(start_epoch, cfg.epochs):
-        if sampler is not None:
-            sampler.set_epoch(epoch)
+        if cfg.max_steps is not None and step >= cfg.max_steps:
+            break                                          # a resumed run already at its step limit
+        sampler.set_epoch(epoch)
         metrics, step = train_one_epoch(model, train_loader, loss_fn, optimizer, scheduler, epoch=epoch,
                                         epochs=cfg.epochs, info=info, step=step, mixup_fn=mixup_fn,
                                         clip_grad=cfg.clip_grad, amp=cfg.amp, max_steps=cfg.max_steps)
@@ -166,7 +230,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
         metrics["epoch"] = epoch + 1
         history.append(metrics)
         if info.is_main:
-            _save_epoch(cfg, run_dir, model, optimizer, metrics, history, step, best_acc, img_size, data_info)
+            _save_epoch(run_dir, model, optimizer, train_loader, history, step, best_acc,
+                        _meta(cfg, img_size, data_info, metrics))
         best_acc = max(best_acc, metrics["val_acc"])
         log(f"epoch {epoch + 1:>3}/{cfg.epochs}: train loss {metrics['train_loss']:.4f}, "
             f"val loss {metrics['val_loss']:.4f}, val acc {metrics['val_acc']:.2f}%, "
@@ -188,16 +253,50 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
     return summary
 
 
-def _save_epoch(cfg, run_dir, model, optimizer, metrics, history, step, best_acc, img_size, data_info):
-    meta = _meta(cfg, img_size, data_info.num_classes, data_info.in_chans, metrics["epoch"], metrics["val_acc"])
-    save_weights(model, run_dir / "last.safetensors", meta)
-    if metrics["val_acc"] > best_acc:
+def _save_epoch(run_dir, model, optimizer, loader, history, step, best_acc, meta) -> None:
+    """Write one checkpoint set; ``state.pt`` goes last and records the digests of the others."""
+    if meta["val_acc"] > best_acc:
         save_weights(model, run_dir / "best.safetensors", meta)
+    save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+    save_weights(model, run_dir / "last.safetensors", meta)
     save_state(run_dir / "state.pt", {
-        "optimizer": optimizer.state_dict(), "epoch": metrics["epoch"], "step": step,
-        "best_acc": max(best_acc, metrics["val_acc"]), "rng": torch.get_rng_state(),
+        "model": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
+        "optimizer": optimizer.state_dict(), "epoch": meta["epoch"], "step": step,
+        "best_acc": max(best_acc, meta["val_acc"]), "history": history, "rng": rng_state(loader),
+        "files": {name: file_digest(run_dir / name) for name in CHECKPOINT_FILES if (run_dir / name).is_file()},
     })
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+
+
+def _resume(run_dir, model, optimizer, loader, is_main, log, meta_for):
+    """Load the last complete checkpoint set; files newer than its manifest (a run killed while
+    writing the next set) are ignored with one warning line and rewritten from it."""
+    removed = remove_stray_temporaries(run_dir) if is_main else 0
+    if removed:
+        log(f"warning: removed {removed} temporary file(s) an interrupted write left in {run_dir}")
+    if not (run_dir / "state.pt").is_file():              # killed before its first checkpoint
+        log(f"warning: {run_dir} has no complete checkpoint yet; starting the run from the beginning")
+        return 0, 0, -1.0, []
+    state = load_state(run_dir / "state.pt")
+    weights = state.get("model")
+    if weights is None:                                   # runs written before the manifest existed
+        weights, _ = load_weights(run_dir / "last.safetensors")
+    load_into(model, weights, f"{run_dir}/state.pt")
+    optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"], loader)
+    epoch, step, best_acc = int(state["epoch"]), int(state["step"]), float(state["best_acc"])
+    history = state.get("history")
+    if history is None:
+        history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    history = list(history[:epoch])
+    files = state.get("files", {})
+    stale = [n for n, digest in files.items() if not (run_dir / n).is_file() or file_digest(run_dir / n) != digest]
+    if stale and is_main:
+        log(f"warning: ignoring the partial checkpoint set of an interrupted epoch ({', '.join(stale)}); "
+            f"resuming from the complete set of epoch {epoch} in {run_dir}/state.pt")
+        save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+        if history:
+            save_weights(model, run_dir / "last.safetensors", meta_for(history[-1]))
+    return epoch, step, best_acc, history
 
 
 def resolve_checkpoint(path) -> Path:

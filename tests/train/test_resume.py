@@ -1,0 +1,129 @@
+"""Resume is exact and nothing is lost: SIGKILL at any point (mid-epoch, inside a checkpoint write,
+between the files of a set), then ``--resume``, ends bit-identical to an uninterrupted run."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitmix.train import TrainConfig, train
+from vitmix.train.checkpoint import load_state
+
+ARGS = ["--img-size", "16", "--epochs", "3", "--batch-size", "64", "--train-subset", "512", "--lr", "3e-3",
+        "--model-option", "depth=1", "--model-option", "embed_dim=32", "--model-option", "num_heads=2"]
+
+# Runs `vitmix train ARGS...` and SIGKILLs itself at the N-th event of one kind:
+#   step            after the N-th optimizer step (mid-epoch)
+#   before_replace  inside an atomic write: the temporary file is complete, not yet renamed
+#   after_replace   right after the N-th file of a checkpoint set is renamed into place
+DRIVER = r"""
+import os, signal, sys
+import torch
+torch.set_num_threads(1)
+from timm.scheduler import CosineLRScheduler
+from vitmix.cli import main
+kind, n = sys.argv[1], int(sys.argv[2])
+count = [0]
+def hit():
+    count[0] += 1
+    if count[0] == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+if kind == "step":
+    step_update = CosineLRScheduler.step_update
+    def counted(self, *a, **k):
+        hit()
+        return step_update(self, *a, **k)
+    CosineLRScheduler.step_update = counted
+elif kind in ("before_replace", "after_replace"):
+    replace = os.replace
+    def counted(src, dst):
+        if kind == "before_replace":
+            hit()
+        replace(src, dst)
+        if kind == "after_replace":
+            hit()
+    os.replace = counted
+sys.exit(main(["train"] + sys.argv[3:]))
+"""
+
+
+def _train(out, *extra, kill=("none", 0)):
+    env = dict(os.environ, TQDM_DISABLE="1", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-c", DRIVER, kill[0], str(kill[1]), *ARGS, "--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path):
+    ref = _train(tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr[-2000:]
+
+    out = tmp_path / "killed"
+    # 8 steps per epoch; a resumed process first rewrites config.yaml (its replace #1), then per
+    # epoch: best (when better), metrics.jsonl, last, state.pt (the manifest, last)
+    plan = [("step", 3),              # mid-epoch 1, before any checkpoint: restart from scratch
+            ("before_replace", 3),    # inside a write of epoch 1: a stray temporary file
+            ("after_replace", 5),     # right after epoch 1's state.pt: a complete set
+            ("after_replace", 3),     # between the files of epoch 2's set: a partial set
+            ("before_replace", 2),    # inside a write again
+            ("step", 12)]             # mid-epoch 3
+    warnings = []
+    for i, kill in enumerate(plan):
+        proc = _train(out, *(["--resume"] if i else []), kill=kill)
+        assert proc.returncode == -9, (kill, proc.returncode, proc.stderr[-2000:])
+        warnings += [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    final = _train(out, "--resume")
+    assert final.returncode == 0, final.stderr[-2000:]
+    warnings += [line for line in final.stdout.splitlines() if line.startswith("warning:")]
+
+    a, b = load_file(str(tmp_path / "ref" / "last.safetensors")), load_file(str(out / "last.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "ref" / "metrics.jsonl").read_text().count("\n") == 3
+    def strip(text):  # everything but the timings
+        return [{k: v for k, v in json.loads(line).items() if k not in ("epoch_seconds", "images_per_s")}
+                for line in text.splitlines()]
+
+    assert strip((out / "metrics.jsonl").read_text()) == strip((tmp_path / "ref" / "metrics.jsonl").read_text())
+    assert not list(out.glob(".*.tmp"))
+    # the interrupted writes were noticed, each in one line
+    assert any("partial checkpoint set" in w for w in warnings)
+    assert any("temporary file" in w for w in warnings)
+
+
+TINY = dict(model="vit_nano_patch4_32", data="digits", img_size=16, batch_size=64, epochs=1, max_steps=2,
+            model_options={"depth": 1, "embed_dim": 32, "num_heads": 2})
+
+
+def test_resume_refuses_a_changed_run_and_keeps_its_files(tmp_path):
+    out = tmp_path / "r"
+    train(TrainConfig(**TINY, out=str(out)), log=lambda *a: None)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for change, flag in [({"mixer": "fibottention"}, "--mixer"), ({"lr": 1e-3}, "--lr"),
+                         ({"model_options": {**TINY["model_options"], "depth": 2}}, "--model-option"),
+                         ({"data": "fashion-mnist"}, "--data")]:
+        with pytest.raises(ValueError, match=f"^--resume: {flag} .* differs from the run's"):
+            train(TrainConfig(**{**TINY, **change}, out=str(out), resume=True), log=lambda *a: None)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    with pytest.raises(ValueError, match="--resume needs --out"):
+        train(TrainConfig(**TINY, resume=True), log=lambda *a: None)
+    with pytest.raises(FileNotFoundError, match="holds no run to resume"):
+        train(TrainConfig(**TINY, out=str(tmp_path / "empty"), resume=True), log=lambda *a: None)
+
+
+def test_cli_resume_reads_the_run_config(tmp_path, capsys):
+    from vitmix.cli import main
+
+    out = tmp_path / "r"
+    assert main(["train", "--img-size", "16", "--mixer", "softmax", "--max-steps", "2", "--epochs", "1",
+                 "--model-option", "depth=1", "--model-option", "embed_dim=32", "--model-option", "num_heads=2",
+                 "--out", str(out)]) == 0
+    # nothing but --out and --resume: the run's own config (mixer, model options) is used; a longer
+    # schedule is allowed
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--max-steps", "4"]) == 0
+    assert load_state(out / "state.pt")["step"] == 4
+    assert "mixer=softmax" in capsys.readouterr().out
+    assert main(["train", "--out", str(out), "--resume", "--mixer", "laplacian"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--mixer 'laplacian' differs from the run's 'softmax'" in err[0]
