@@ -3,7 +3,7 @@
 Run (about 5 minutes on 2 CPU cores)::
 
     .venv/bin/python benchmarks/fibottention.py            # writes benchmarks/results/fibottention/
-    .venv/bin/python benchmarks/fibottention.py --quick    # N = 784 only, a smoke test
+    .venv/bin/python benchmarks/fibottention.py --quick    # N = 784 only, a smoke test (runs/fibottention-partial)
 
 Setting of issue 4: batch 1, 12 heads × 64 (dim 768), one CLS token + N ∈ {784, 4096, 16384}
 patch tokens, Fibottention offsets of layer 0 (default variant, w_min = 5, w_max = N // 3).
@@ -247,15 +247,16 @@ def goals(rows) -> list:
     return checks
 
 
-def write(rows, info, checks, prof, command):
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "results.json").write_text(json.dumps({"machine": info, "command": command, "rows": rows,
+def write(rows, info, checks, prof, command, out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"machine": info, "command": command, "rows": rows,
                                                       "goals": checks}, indent=2))
-    with open(OUT_DIR / "results.csv", "w", newline="") as fh:
+    with open(out / "results.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=["level", "N", "method", "fwd_ms", "fwd_bwd_ms", "peak_fwd_bwd_mib"])
         w.writeheader()
         w.writerows(rows)
-    (OUT_DIR / "profile_layer_4096.txt").write_text(prof)
+    if prof:  # only a run that includes N = 4096 has a profile
+        (out / "profile_layer_4096.txt").write_text(prof)
     lines = ["# Fibottention benchmark", "",
              f"Command: `{command}`", "",
              f"Machine: {info['cpu']}, {info['logical_cpus']} logical CPUs, torch {info['torch']} with "
@@ -285,7 +286,7 @@ def write(rows, info, checks, prof, command):
                          f"{_fmt(r['peak_fwd_bwd_mib'], 1)} | {_fmt(sp, 1)}× |")
     lines += ["", "Profile of one forward + backward of the sparse mixer layer at N = 4096: "
               "[profile_layer_4096.txt](profile_layer_4096.txt).", ""]
-    (OUT_DIR / "README.md").write_text("\n".join(lines))
+    (out / "README.md").write_text("\n".join(lines))
     try:
         import matplotlib
 
@@ -308,7 +309,7 @@ def write(rows, info, checks, prof, command):
         fig.suptitle(f"Fibottention vs SDPA, 12 heads × 64, batch 1 — {info['cpu']}, {info['torch_threads']} threads",
                      fontsize=9)
         fig.tight_layout()
-        fig.savefig(OUT_DIR / "op_time.png", dpi=120)
+        fig.savefig(out / "op_time.png", dpi=120)
     except ImportError:  # pragma: no cover - matplotlib is optional
         pass
 
@@ -319,8 +320,12 @@ def main(argv=None):
     parser.add_argument("--sizes", type=int, nargs="*", default=None,
                         help="patch-token counts (default 784 4096 16384)")
     parser.add_argument("--slow", action="store_true", help="also time the PyTorch backend at N > 4096")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder (default: {OUT_DIR} for a full run, runs/fibottention-partial otherwise)")
     args = parser.parse_args(argv)
     sizes = args.sizes or ([784] if args.quick else [784, 4096, 16384])
+    # a quick or partial run never replaces the committed results
+    out = args.out or (OUT_DIR if sorted(sizes) == [784, 4096, 16384] else Path("runs/fibottention-partial"))
     info = machine()
     print(f"machine: {info}", flush=True)
     rows = []
@@ -333,8 +338,8 @@ def main(argv=None):
     for c in checks:
         print(f"goal: {c['goal']}: {_fmt(c['measured'], 3)} (target {c['target']}) met={c['met']}")
     command = "python benchmarks/fibottention.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    write(rows, info, checks, prof, command.strip())
-    print(f"wrote {OUT_DIR}")
+    write(rows, info, checks, prof, command.strip(), out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

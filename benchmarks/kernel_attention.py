@@ -11,7 +11,8 @@ forward+backward (``MemTracker``, inputs excluded).
 * ``soft``: ``nystrom_attention(kernel="gaussian")`` with tied q = k (SOFT), pooled landmarks (m = 49);
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``.
 
-Run: ``.venv/bin/python benchmarks/kernel_attention.py [--sizes 1024 4096 16384] [--quick]``.
+Run: ``.venv/bin/python benchmarks/kernel_attention.py [--sizes 1024 4096 16384]``; other
+sizes, ops or repeat counts write to ``runs/kernel_attention-partial`` unless ``--out`` is given.
 Writes ``benchmarks/results/kernel_attention/{results.md,results.csv,results.json,kernel_attention.png}``.
 """
 from __future__ import annotations
@@ -121,9 +122,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     ap.add_argument("--min-run-time", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=OUT_DIR)
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"output folder (default: {OUT_DIR} for a full run, runs/kernel_attention-partial otherwise)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     args = ap.parse_args(argv)
+    full = (args.sizes == [1024, 4096, 16384] and args.ops == list(OPS) and args.min_run_time == 1.0
+            and args.repeats == 3)
+    args.out = args.out or (OUT_DIR if full else Path("runs/kernel_attention-partial"))  # never a partial over committed
     if args.threads:
         torch.set_num_threads(args.threads)
     for n in args.sizes:

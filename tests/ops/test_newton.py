@@ -222,3 +222,28 @@ def test_c_loop_and_batched_blas_loop_agree(monkeypatch, tmp_path):
     torch.testing.assert_close(c64, blas64, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(c32, blas32, rtol=1e-4, atol=1e-5)      # float32, 20 rounds of m = 49 sums
     torch.testing.assert_close(c64, newton_schulz_reference(A, iters=20, alpha="transpose"), rtol=1e-12, atol=1e-12)
+
+
+def test_exact_mode_survives_singular_batches_and_bad_lu_pivots(monkeypatch):
+    """`vitmix analyze approx` died in lu_solve ("Pivots given to lu_solve must all be >= 1") after
+    batched multi-threaded MKL getrf returned out-of-range pivots; singular batches (ε = 0, duplicate
+    landmarks) made inv_ex raise. The exact mode now checks the factorisation and falls back to the
+    pseudo-inverse."""
+    torch.manual_seed(0)
+    A = torch.randn(3, 2, 7, 7, dtype=torch.float64)
+    A = A @ A.mT + 7 * _eye(7)
+    singular = A.clone()
+    singular[1, 0, 3] = singular[1, 0, 2]                  # two equal rows
+    out = newton_schulz_inverse(singular, eps=0.0, mode="exact")
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, torch.linalg.pinv(singular), rtol=1e-6, atol=1e-8)
+
+    lu_factor_ex = torch.linalg.lu_factor_ex
+
+    def bad_pivots(P):
+        lu, pivots, info = lu_factor_ex(P)
+        return lu, torch.full_like(pivots, -2116580522), info   # what MKL returned, with info = 0
+
+    monkeypatch.setattr(torch.linalg, "lu_factor_ex", bad_pivots)
+    torch.testing.assert_close(newton_schulz_inverse(A, eps=0.0, mode="exact"), torch.linalg.inv(A),
+                               rtol=1e-10, atol=1e-12)

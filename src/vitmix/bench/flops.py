@@ -83,6 +83,16 @@ def _solve(a, b, *args, out_shape=None, **kwargs) -> int:
     return nb * (2 * n ** 3 // 3 + 2 * n * n * k)
 
 
+def _lu_factor(a, *args, out_shape=None, **kwargs) -> int:
+    nb, n = _batch_and_n(a)
+    return nb * 2 * n ** 3 // 3
+
+
+def _lu_solve(lu, pivots, b, *args, out_shape=None, **kwargs) -> int:
+    nb, n = _batch_and_n(lu)
+    return nb * 2 * n * n * b[-1]          # two triangular solves with b[-1] right-hand sides
+
+
 def _cholesky(a, *args, out_shape=None, **kwargs) -> int:
     nb, n = _batch_and_n(a)
     return nb * n ** 3 // 3
@@ -105,6 +115,8 @@ EXTRA_FORMULAS: Dict[object, Callable[..., int]] = {
     aten.linalg_inv_ex: _inv,
     aten._linalg_solve_ex: _solve,
     aten.linalg_cholesky_ex: _cholesky,
+    aten.linalg_lu_factor_ex: _lu_factor,
+    aten.linalg_lu_solve: _lu_solve,
 }
 if hasattr(torch.ops, "mkldnn") and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
     EXTRA_FORMULAS[torch.ops.mkldnn._linear_pointwise] = _linear_pointwise
@@ -233,7 +245,7 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
 
     Kernel blocks cost one distance product each (``2·rows·cols·d``; the Gaussian via a GEMM, the
     Laplacian via ``cdist``), Newton–Schulz ``4·m³`` per iteration (two ``m×m`` products), the
-    exact inverse ``2·m³``, and the right-to-left products ``2·N·m·d_v`` / ``2·m²·d_v`` each. Untied
+    exact inverse ``2m³/3 + 2m³`` (LU, then solves against the identity), and the right-to-left products ``2·N·m·d_v`` / ``2·m²·d_v`` each. Untied
     landmarks with the ``"safe"`` start (``start``, the ``newton_alpha`` option) add the start choice
     (a Cholesky, ``m³/3``) and the ``2·m³`` residual check of the identity start (a rare rerun is not
     counted).
@@ -243,7 +255,7 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
     total = 2 * n * m * d                         # C_q = k(Q, L_k)
     total += 0 if tied else 2 * nk * m * d        # C_k = k(K, L_q)
     total += 2 * m * m * d                        # W = k(L_q, L_k)
-    total += 2 * m ** 3 if inverse == "exact" else 4 * m ** 3 * iters
+    total += (2 * m ** 3 // 3 + 2 * m ** 3) if inverse == "exact" else 4 * m ** 3 * iters
     if inverse != "exact" and not tied and start == "safe":
         total += m ** 3 // 3 + 2 * m ** 3         # start choice (Cholesky) and the ||I - P V|| check
     if normalization == "injective":

@@ -49,8 +49,18 @@ def single_thread_if_small(t: torch.Tensor, work: int) -> Iterator[None]:
     threads under load for 20 iterations on 6×49×49). The thread count is restored afterwards (it is
     process-global, like every ``torch.set_num_threads`` call).
     """
+    if work > _SMALL_WORK:
+        yield
+        return
+    with cpu_single_thread(t):
+        yield
+
+
+@contextlib.contextmanager
+def cpu_single_thread(t: torch.Tensor) -> Iterator[None]:
+    """Run CPU work on ``t`` on one intra-op thread, restoring the thread count afterwards."""
     n = torch.get_num_threads()
-    if t.device.type != "cpu" or n == 1 or work > _SMALL_WORK or torch.compiler.is_compiling():
+    if t.device.type != "cpu" or n == 1 or torch.compiler.is_compiling():
         yield
         return
     torch.set_num_threads(1)

@@ -42,7 +42,8 @@ derivative of an inverse evaluated
 once at the result, ``dL/dA = -Vᵀ G Vᵀ`` (exact at convergence; with few iterations SOFT's "inverse"
 is a spectrally filtered one, and this backward is what the official code uses). Everything runs in
 float32 (float64 stays float64) with autocast disabled; half inputs give a float32 result.
-``mode="exact"`` replaces the iteration with ``torch.linalg.inv_ex(P)`` (same backward), for analysis.
+``mode="exact"`` replaces the iteration with an LU inverse of ``P`` (pseudo-inverse if singular; same
+backward), for analysis.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ._cbuild import CKernel
-from ._common import check_finite_float, compute_dtype, no_autocast, single_thread_if_small
+from ._common import check_finite_float, compute_dtype, cpu_single_thread, no_autocast, single_thread_if_small
 
 __all__ = ["newton_schulz_inverse", "newton_schulz_reference"]
 
@@ -205,6 +206,26 @@ def _iterate(P: torch.Tensor, V: torch.Tensor, iters: int) -> torch.Tensor:
     return V3.reshape(shape)
 
 
+def _exact_inverse(P: torch.Tensor) -> torch.Tensor:
+    """LU inverse; the pseudo-inverse when some matrix of the batch is singular to working precision
+    (e.g. ε = 0 and duplicate landmarks) or the factorisation is unusable. ``inv_ex`` is not used:
+    on such a batch MKL prints errors and raises instead of reporting it."""
+    m = P.shape[-1]
+    # one thread: batched multi-threaded MKL getrf (torch 2.14 CPU) has returned out-of-range pivots
+    # with info = 0 and printed "Parameter 6 was incorrect on entry to DLASWP" (m = 196, float64,
+    # 2 threads, mid-analysis); the pivots are still checked before they are used
+    with cpu_single_thread(P):
+        lu, pivots, info = torch.linalg.lu_factor_ex(P)
+    eye = torch.eye(m, dtype=P.dtype, device=P.device).expand_as(P)
+    finite = torch.isfinite(P).flatten(-2).all(-1)[..., None, None]     # NaN/Inf inputs stay NaN
+    if bool((info == 0).all()) and bool(((pivots >= 1) & (pivots <= m)).all()):
+        V = torch.linalg.lu_solve(lu, pivots, eye)
+        if bool((torch.isfinite(V) | ~finite).all()):
+            return V
+    V = torch.linalg.pinv(torch.where(finite, P, eye))
+    return torch.where(finite, V, torch.full_like(V, float("nan")))
+
+
 def _residual(P: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
     return torch.linalg.matrix_norm(eye - P @ V)
@@ -217,7 +238,7 @@ class _NewtonInverse(torch.autograd.Function):
         with torch.no_grad(), single_thread_if_small(A, A.numel() * m):
             P = _perturb(A, eps)
             if mode == "exact":
-                V = torch.linalg.inv_ex(P).inverse
+                V = _exact_inverse(P)
             else:
                 V0, identity = _start(A, P, symmetric, alpha)
                 V = _iterate(P, V0, iters)
@@ -253,7 +274,7 @@ def newton_schulz_inverse(
         eps: diagonal perturbation, ``P = A + eps·I`` (official: 0.01).
         symmetric: ``None`` detects per matrix (``max|A-Aᵀ| <= 1e-5·max|A|``); ``True``/``False`` forces
             the ``αP`` / ``αPᵀ`` start (see the module docstring). Ignored by ``alpha="official"``.
-        mode: ``"newton"`` (default) or ``"exact"`` (``torch.linalg.inv_ex`` of ``P``; for analysis).
+        mode: ``"newton"`` (default) or ``"exact"`` (LU inverse of ``P``, pseudo-inverse if singular; for analysis).
         alpha: ``"safe"`` (default: ``αP`` for symmetric, the checked scaled-identity start for
             non-symmetric matrices), ``"transpose"`` (``αPᵀ`` for non-symmetric ones) or ``"official"``
             (SOFT / LaplacianFormer CUDA: ``α`` from the unperturbed ``A``, ``V0 = αP``).
