@@ -99,15 +99,16 @@ def build_model(name: str, img_size: int, mixer: Optional[str] = None, mixer_opt
 
 
 def load_checkpoint_state(path: str) -> Dict[str, torch.Tensor]:
-    """A state dict from a vitmix safetensors checkpoint or a torch ``.pt/.pth`` file."""
+    """A state dict from a vitmix safetensors checkpoint or a torch ``.pt/.pth`` file (read with
+    ``weights_only=True``); unreadable files are a one-line ``ValueError``."""
+    from ..train.checkpoint import load_state, load_weights
+
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(p))
-    obj = torch.load(p, map_location="cpu", weights_only=True)
+        return load_weights(p)[0]
+    obj = load_state(p)
     for key in ("model", "state_dict", "model_state_dict", "model_state"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]

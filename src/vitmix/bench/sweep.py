@@ -196,6 +196,19 @@ def layer_options(target: Target) -> Dict[str, object]:
     return {**defaults, **target.options}
 
 
+def check_mixer_options(targets: List[Target], config: BenchConfig) -> None:
+    """Build each mixer once (no input) so that a bad option value is a ``ValueError`` before anything
+    is measured or written, not a skipped point in a results file that replaced the last one."""
+    from ..mixers import create
+
+    for target in targets:
+        if config.kind == "mixers":
+            try:
+                create(target.name, config.dim, config.heads, **layer_options(target))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"mixer spec {target.label!r}: {err}") from None
+
+
 def _build_mixer(target: Target, n: int, config: BenchConfig, device) -> _Point:
     from ..mixers import create
 
@@ -294,6 +307,7 @@ def _run_sweep(config: BenchConfig, progress: bool) -> SweepResult:
     from .env import environment, load_average
 
     targets = resolve_targets(config)
+    check_mixer_options(targets, config)
     device = resolve_device(config.device)
     sizes = sorted({int(s) for s in (config.sizes or (DEFAULT_TOKENS if config.kind == "mixers"
                                                       else DEFAULT_IMAGE_SIZES))})

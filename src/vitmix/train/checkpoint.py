@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -112,7 +113,9 @@ def load_state(path: Path) -> Dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no training state at {path}; cannot resume")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():   # torch's note on foreign pickle protocols precedes our error
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for corrupt or unsafe files
         raise ValueError(f"{path} is not a loadable training state ({type(err).__name__}: "
                          f"{str(err).splitlines()[0][:200]})") from None

@@ -24,7 +24,7 @@ from .checkpoint import (
     unwrap,
 )
 from .config import TrainConfig
-from .distributed import DistInfo, cleanup, init_distributed
+from .distributed import DistInfo, cleanup, init_distributed, parse_device
 from .engine import evaluate, train_one_epoch
 from .plots import plot_curves
 
@@ -163,6 +163,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
     model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size).to(info.device)
     run_dir = _run_dir(cfg)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--out {run_dir} is a file; give a directory for the run")
     if cfg.resume:
         if not cfg.out:
             raise ValueError("--resume needs --out RUN_DIR: the run directory to continue")
@@ -327,7 +329,7 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Option
     if data_info.num_classes != meta["num_classes"] or data_info.in_chans != meta["in_chans"]:
         raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
                          f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
-    info = DistInfo(device=torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    info = DistInfo(device=parse_device(device))
     model = build_model(cfg, meta["num_classes"], meta["in_chans"], img_size).to(info.device)
     load_into(model, state, str(path))
     _, val_loader = build_loaders(val_set, val_set, batch_size)

@@ -1,0 +1,61 @@
+"""Every CLI error a user can fix is one line on stderr, exit status 2, no traceback, and leaves
+existing files as they were."""
+import hashlib
+import pathlib
+
+import pytest
+
+from vitmix.cli import main
+
+
+def _tree(root: pathlib.Path):
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def workspace(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "results.csv").write_text("earlier results\n")
+    (tmp_path / "a_file").write_text("not a directory\n")
+    (tmp_path / "truncated.safetensors").write_bytes(b"\x08\x00\x00")
+    (tmp_path / "empty.safetensors").write_bytes(b"")
+    (tmp_path / "pickle.pt").write_bytes(b"\x80\x04\x95\x00garbage")
+    return tmp_path
+
+
+TINY = ["--img-size", "16", "--model-option", "depth=1", "--model-option", "embed_dim=32",
+        "--model-option", "num_heads=2", "--epochs", "1"]
+
+CASES = {
+    "train: unknown model": lambda w: ["train", "--model", "vit_nanno_patch4_32", "--out", str(w / "r1")],
+    "train: unknown mixer": lambda w: ["train", *TINY, "--mixer", "laplacain", "--out", str(w / "r2")],
+    "train: bad mixer option value": lambda w: ["train", *TINY, "--mixer", "laplacian", "-M", "num_landmarks=abc",
+                                                "--out", str(w / "r3")],
+    "train: --max-steps 0": lambda w: ["train", *TINY, "--max-steps", "0", "--out", str(w / "r4")],
+    "train: --out is a file": lambda w: ["train", *TINY, "--max-steps", "1", "--out", str(w / "a_file")],
+    "train: no such GPU": lambda w: ["train", *TINY, "--device", "cuda:99", "--out", str(w / "r5")],
+    "train: --resume without a run": lambda w: ["train", *TINY, "--resume", "--out", str(w / "bench")],
+    "eval: truncated checkpoint": lambda w: ["eval", "--checkpoint", str(w / "truncated.safetensors")],
+    "eval: empty checkpoint": lambda w: ["eval", "--checkpoint", str(w / "empty.safetensors")],
+    "eval: missing checkpoint": lambda w: ["eval", "--checkpoint", str(w / "nope.safetensors")],
+    "analyze: truncated checkpoint": lambda w: ["analyze", "maps", "--checkpoint", str(w / "truncated.safetensors"),
+                                                "--out", str(w / "maps")],
+    "analyze: pickle checkpoint": lambda w: ["analyze", "maps", "--checkpoint", str(w / "pickle.pt"),
+                                             "--out", str(w / "maps")],
+    "bench: bad mixer option value": lambda w: ["bench", "--mixers", "laplacian:num_landmarks=abc", "--tokens", "196",
+                                                "--out", str(w / "bench")],
+    "bench: unknown option": lambda w: ["bench", "--mixers", "soft:landmark=4", "--tokens", "196",
+                                        "--out", str(w / "bench")],
+    "bench: unknown mixer": lambda w: ["bench", "--mixers", "sofmax", "--tokens", "196", "--out", str(w / "bench")],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cli_error_is_one_line_exit_2_and_changes_nothing(case, workspace, capsys):
+    before = _tree(workspace)
+    assert main(CASES[case](workspace)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vitmix ") and "error:" in err[0], err
+    assert "Traceback" not in err[0]
+    assert _tree(workspace) == before
