@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 __getattr__, __dir__ = lazy_attributes(__name__, {
     "create_model": ".models:create_model",
+    "load_model": ".train.runner:load_model",
     "list_models": ".models:list_models",
     "create_mixer": ".mixers:create",
     "list_mixers": ".mixers:list_mixers",
@@ -59,4 +60,4 @@ if "timm" in sys.modules:
 elif not any(isinstance(f, _RegisterWhenTimmLoads) for f in sys.meta_path):
     sys.meta_path.insert(0, _RegisterWhenTimmLoads())
 
-__all__ = ["create_model", "create_mixer", "list_mixers", "list_models", "mixers", "timm_attn", "__version__"]
+__all__ = ["create_model", "load_model", "create_mixer", "list_mixers", "list_models", "mixers", "timm_attn", "__version__"]

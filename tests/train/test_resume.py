@@ -13,6 +13,7 @@ from vitmix.train import TrainConfig, train
 from vitmix.train.checkpoint import load_state
 
 ARGS = ["--img-size", "16", "--epochs", "3", "--batch-size", "64", "--train-subset", "512", "--lr", "3e-3",
+        "--ema-decay", "0.9",   # the EMA weights are part of the exact state
         "--model-option", "depth=1", "--model-option", "embed_dim=32", "--model-option", "num_heads=2"]
 
 # Runs `vitmix train ARGS...` and SIGKILLs itself at the N-th event of one kind:
@@ -62,10 +63,10 @@ def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path):
 
     out = tmp_path / "killed"
     # 8 steps per epoch; a resumed process first rewrites config.yaml (its replace #1), then per
-    # epoch: best (when better), metrics.jsonl, last, state.pt (the manifest, last)
+    # epoch: best (when better), metrics.jsonl, metrics.csv, ema, last, state.pt (the manifest, last)
     plan = [("step", 3),              # mid-epoch 1, before any checkpoint: restart from scratch
             ("before_replace", 3),    # inside a write of epoch 1: a stray temporary file
-            ("after_replace", 5),     # right after epoch 1's state.pt: a complete set
+            ("after_replace", 7),     # right after epoch 1's state.pt: a complete set
             ("after_replace", 3),     # between the files of epoch 2's set: a partial set
             ("before_replace", 2),    # inside a write again
             ("step", 12)]             # mid-epoch 3
@@ -78,8 +79,9 @@ def test_sigkill_anywhere_then_resume_is_bit_identical(tmp_path):
     assert final.returncode == 0, final.stderr[-2000:]
     warnings += [line for line in final.stdout.splitlines() if line.startswith("warning:")]
 
-    a, b = load_file(str(tmp_path / "ref" / "last.safetensors")), load_file(str(out / "last.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("last.safetensors", "ema.safetensors"):
+        a, b = load_file(str(tmp_path / "ref" / name)), load_file(str(out / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     assert (tmp_path / "ref" / "metrics.jsonl").read_text().count("\n") == 3
     def strip(text):  # everything but the timings
         return [{k: v for k, v in json.loads(line).items() if k not in ("epoch_seconds", "images_per_s")}

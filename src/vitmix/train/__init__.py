@@ -5,6 +5,7 @@ __getattr__, __dir__ = lazy_attributes(__name__, {
     "TrainConfig": ".config:TrainConfig",
     "train": ".runner:train",
     "evaluate_checkpoint": ".runner:evaluate_checkpoint",
+    "load_model": ".runner:load_model",
 })
 
-__all__ = ["TrainConfig", "train", "evaluate_checkpoint"]
+__all__ = ["TrainConfig", "train", "evaluate_checkpoint", "load_model"]

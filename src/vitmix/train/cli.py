@@ -21,7 +21,11 @@ _HELP = {
     "smoothing": "label smoothing",
     "mixup": "mixup alpha (0 = off)",
     "cutmix": "cutmix alpha (0 = off)",
-    "amp": "bf16 autocast",
+    "amp": "mixed precision (autocast; --amp-dtype)",
+    "amp_dtype": "bfloat16 | float16 (float16 adds a gradient scaler)",
+    "accum_steps": "accumulate gradients of this many batches per optimizer step",
+    "ema_decay": "also keep an EMA of the weights with this decay (e.g. 0.9998): evaluated each epoch, ema.safetensors",
+    "channels_last": "channels-last memory format for images and conv weights",
     "max_steps": "stop after this many optimizer steps (smoke tests)",
     "out": "run directory (default: runs/<time>-<model>-<mixer>-<data>)",
     "resume": "continue the run in --out from its last checkpoint",
@@ -52,9 +56,9 @@ def add_parser(sub) -> None:
             continue
         kind = {int: int, float: float}.get(type(default), str)
         if f.name in ("img_size", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset",
-                      "lr_base_batch"):
+                      "lr_base_batch", "accum_steps"):
             kind = int
-        if f.name == "clip_grad":
+        if f.name in ("clip_grad", "ema_decay"):
             kind = float
         p.add_argument(flag, type=kind, default=None, metavar=f.name.upper(),
                        help=f"{_HELP.get(f.name, f.name.replace('_', ' '))} (default: {default})")

@@ -35,7 +35,11 @@ class TrainConfig:
     mixup: float = 0.0
     cutmix: float = 0.0
     drop_path: float = 0.0
-    amp: bool = False                    # bf16 autocast
+    amp: bool = False                    # autocast (amp_dtype)
+    amp_dtype: str = "bfloat16"          # or "float16" (with a grad scaler)
+    accum_steps: int = 1                 # micro-batches per optimizer step (global batch × this)
+    ema_decay: Optional[float] = None    # keep an EMA of the weights (timm ModelEmaV3), e.g. 0.9998
+    channels_last: bool = False          # NHWC images and conv weights
     seed: int = 0
     workers: int = 0
     max_steps: Optional[int] = None      # stop after this many optimizer steps (smoke tests)

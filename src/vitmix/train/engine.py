@@ -4,12 +4,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .checkpoint import unwrap
 from .distributed import DistInfo, all_reduce_sum
 
 
@@ -18,72 +20,119 @@ def _quiet(info: DistInfo) -> bool:
     return not info.is_main or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
 
 
-def autocast(device: torch.device, enabled: bool):
-    """bf16 autocast on the run's device, or a no-op."""
+AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def autocast(device: torch.device, enabled: bool, dtype: str = "bfloat16"):
+    """Autocast (bf16, or fp16 with a grad scaler) on the run's device, or a no-op."""
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[dtype])
 
 
-def train_one_epoch(model: nn.Module, loader, loss_fn, optimizer, scheduler, *, epoch: int, epochs: int,
-                    info: DistInfo, step: int, mixup_fn=None, clip_grad: Optional[float] = None,
-                    amp: bool = False, max_steps: Optional[int] = None):
-    """Train for one epoch; returns ``(metrics, step)``. Accuracy is on hard labels (n/a under mixup)."""
+@dataclass
+class Recipe:
+    """How each optimizer step is taken (the ``vitmix train`` flags behind it in brackets)."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: object                              # timm scheduler: step_update(num_updates=...)
+    loss_fn: nn.Module
+    clip_grad: Optional[float] = None              # --clip-grad
+    amp: bool = False                              # --amp
+    amp_dtype: str = "bfloat16"                    # --amp-dtype; float16 uses `scaler`
+    scaler: Optional[torch.amp.GradScaler] = None
+    accum_steps: int = 1                           # --accum-steps micro-batches per optimizer step
+    ema: Optional[nn.Module] = None                # timm ModelEmaV3 (--ema-decay)
+    channels_last: bool = False                    # --channels-last
+    mixup_fn: Optional[object] = None
+    max_steps: Optional[int] = None                # --max-steps (optimizer steps)
+
+
+def _optimizer_step(model: nn.Module, r: Recipe, step: int) -> int:
+    if r.scaler is not None:
+        r.scaler.unscale_(r.optimizer)                 # clip the true gradients
+    if r.clip_grad:
+        nn.utils.clip_grad_norm_(model.parameters(), r.clip_grad)
+    if r.scaler is not None:
+        r.scaler.step(r.optimizer)
+        r.scaler.update()
+    else:
+        r.optimizer.step()
+    r.optimizer.zero_grad(set_to_none=True)
+    step += 1
+    r.scheduler.step_update(num_updates=step)
+    if r.ema is not None:
+        r.ema.update(unwrap(model), step=step)
+    return step
+
+
+def train_one_epoch(model: nn.Module, loader, r: Recipe, *, epoch: int, epochs: int, info: DistInfo, step: int):
+    """Train for one epoch; returns ``(metrics, step)``. Accuracy is on hard labels (n/a under mixup).
+
+    With ``accum_steps = k`` every optimizer step averages the gradients of k micro-batches (the
+    last, incomplete group of an epoch is dropped, so every step sees k batches)."""
     model.train()
     loss_sum = correct = seen = 0.0
     start = time.perf_counter()
+    usable = len(loader) - len(loader) % r.accum_steps
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, disable=_quiet(info),
-               dynamic_ncols=True)
-    for images, targets in bar:
-        if max_steps is not None and step >= max_steps:
+               dynamic_ncols=True, total=usable)
+    r.optimizer.zero_grad(set_to_none=True)
+    for i, (images, targets) in enumerate(bar):
+        if i >= usable or (r.max_steps is not None and step >= r.max_steps):
             break
         images, targets = images.to(info.device), targets.to(info.device)
+        if r.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
         hard = targets
-        if mixup_fn is not None:
-            images, targets = mixup_fn(images, targets)
-        with autocast(info.device, amp):
-            logits = model(images)
-            loss = loss_fn(logits.float(), targets)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower --lr or disable --amp")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip_grad:
-            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-        optimizer.step()
-        step += 1
-        scheduler.step_update(num_updates=step)
+        if r.mixup_fn is not None:
+            images, targets = r.mixup_fn(images, targets)
+        last_micro = (i + 1) % r.accum_steps == 0
+        sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with autocast(info.device, r.amp, r.amp_dtype):
+                logits = model(images)
+                loss = r.loss_fn(logits.float(), targets)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower --lr or disable --amp")
+            scaled = loss / r.accum_steps
+            (r.scaler.scale(scaled) if r.scaler is not None else scaled).backward()
+        if last_micro:
+            step = _optimizer_step(model, r, step)
         n = images.shape[0]
         loss_sum += loss.item() * n
         seen += n
-        if mixup_fn is None:
+        if r.mixup_fn is None:
             correct += (logits.argmax(-1) == hard).sum().item()
         rate = seen / max(time.perf_counter() - start, 1e-9)
         postfix = {"loss": f"{loss_sum / seen:.3f}", "img/s": f"{rate * info.world_size:.0f}"}
-        if mixup_fn is None:
+        if r.mixup_fn is None:
             postfix["acc"] = f"{100 * correct / seen:.1f}"
         bar.set_postfix(postfix)
     elapsed = time.perf_counter() - start
     loss_sum, correct, seen = all_reduce_sum([loss_sum, correct, seen], info)
     metrics = {
         "train_loss": loss_sum / max(seen, 1),
-        "train_acc": None if mixup_fn is not None else 100 * correct / max(seen, 1),
+        "train_acc": None if r.mixup_fn is not None else 100 * correct / max(seen, 1),
         "images_per_s": seen / max(elapsed, 1e-9),
         "epoch_seconds": elapsed,
-        "lr": optimizer.param_groups[0]["lr"],
+        "lr": r.optimizer.param_groups[0]["lr"],
     }
     return metrics, step
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, info: DistInfo, amp: bool = False, desc: str = "eval"):
+def evaluate(model: nn.Module, loader, info: DistInfo, amp: bool = False, desc: str = "eval",
+             amp_dtype: str = "bfloat16", channels_last: bool = False):
     """Top-1 accuracy (%) and cross-entropy loss over ``loader`` (summed over ranks)."""
     model.eval()
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     loss_sum = correct = seen = 0.0
     for images, targets in tqdm(loader, desc=desc, leave=False, disable=_quiet(info), dynamic_ncols=True):
         images, targets = images.to(info.device), targets.to(info.device)
-        with autocast(info.device, amp):
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with autocast(info.device, amp, amp_dtype):
             logits = model(images).float()
         loss_sum += loss_fn(logits, targets).item()
         correct += (logits.argmax(-1) == targets).sum().item()

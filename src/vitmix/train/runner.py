@@ -14,6 +14,7 @@ from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
+from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
@@ -25,7 +26,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig
 from .distributed import DistInfo, cleanup, init_distributed, parse_device
-from .engine import evaluate, train_one_epoch
+from .engine import AMP_DTYPES, Recipe, evaluate, train_one_epoch
 from .plots import plot_curves
 
 
@@ -35,7 +36,7 @@ from .plots import plot_curves
 RESUME_MAY_CHANGE = ("out", "resume", "device", "workers", "epochs", "max_steps")
 #: The user-facing files of one checkpoint set; ``state.pt``, written last, records their digests
 #: and holds everything a resume needs, so it is the manifest that decides which set is complete.
-CHECKPOINT_FILES = ("best.safetensors", "metrics.jsonl", "last.safetensors")
+CHECKPOINT_FILES = ("best.safetensors", "metrics.jsonl", "metrics.csv", "ema.safetensors", "last.safetensors")
 
 
 def seed_everything(seed: int) -> None:
@@ -139,6 +140,38 @@ def _summary_table(history) -> str:
     return "\n".join(lines)
 
 
+def build_recipe(cfg: TrainConfig, model: nn.Module, lr: float, steps_per_epoch: int, num_classes: int,
+                 device: torch.device) -> Recipe:
+    """Optimizer, cosine schedule (in optimizer steps), loss, mixup, EMA and grad scaler from ``cfg``
+    (all timm/torch pieces)."""
+    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay)
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    scheduler = CosineLRScheduler(optimizer, t_initial=max(total_steps, 1), lr_min=cfg.min_lr,
+                                  warmup_t=int(cfg.warmup_epochs * steps_per_epoch), warmup_lr_init=lr * 0.01,
+                                  warmup_prefix=True, t_in_epochs=False)
+    mixup_fn = None
+    if cfg.mixup > 0 or cfg.cutmix > 0:
+        mixup_fn = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
+                         num_classes=num_classes)
+        loss_fn = SoftTargetCrossEntropy()
+    else:
+        loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing > 0 else nn.CrossEntropyLoss()
+    ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
+    scaler = torch.amp.GradScaler(device.type) if cfg.amp and cfg.amp_dtype == "float16" else None
+    return Recipe(optimizer, scheduler, loss_fn, clip_grad=cfg.clip_grad, amp=cfg.amp, amp_dtype=cfg.amp_dtype,
+                  scaler=scaler, accum_steps=cfg.accum_steps, ema=ema, channels_last=cfg.channels_last,
+                  mixup_fn=mixup_fn, max_steps=cfg.max_steps)
+
+
+def metrics_csv(history) -> str:
+    """``metrics.jsonl`` as CSV, one row per epoch (for spreadsheets and plotting tools)."""
+    keys = list(dict.fromkeys(k for h in history for k in h))
+    rows = [",".join(keys)] + [",".join("" if h.get(k) is None else str(h[k]) for k in keys) for h in history]
+    return "\n".join(rows) + "\n"
+
+
 def train(cfg: TrainConfig, log=print) -> dict:
     """Train ``cfg.model`` on ``cfg.data``; returns a summary dict (also written to ``summary.json``).
 
@@ -153,10 +186,14 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 
 def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
-    for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch"):
+    for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch", "accum_steps"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be a positive integer")
+    if cfg.ema_decay is not None and not 0.0 < cfg.ema_decay < 1.0:
+        raise ValueError(f"--ema-decay {cfg.ema_decay} must be between 0 and 1 (e.g. 0.9998)")
+    if cfg.amp_dtype not in AMP_DTYPES:
+        raise ValueError(f"--amp-dtype {cfg.amp_dtype!r}: choose {' or '.join(AMP_DTYPES)}")
     seed_everything(cfg.seed + info.rank)
     img_size = cfg.img_size or default_img_size(cfg.model)
     train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment)
@@ -180,31 +217,19 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
     val_sampler = DistributedSampler(val_set, shuffle=False) if info.enabled else None
     train_loader, val_loader = build_loaders(train_set, val_set, cfg.batch_size, cfg.workers, cfg.seed,
                                              sampler, val_sampler)
-    global_batch = cfg.batch_size * info.world_size
+    global_batch = cfg.batch_size * info.world_size * cfg.accum_steps
     lr = cfg.lr * global_batch / cfg.lr_base_batch if cfg.lr_base_batch else cfg.lr
-    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = len(train_loader)
-    total_steps = steps_per_epoch * cfg.epochs
-    if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.max_steps)
-    scheduler = CosineLRScheduler(optimizer, t_initial=max(total_steps, 1), lr_min=cfg.min_lr,
-                                  warmup_t=int(cfg.warmup_epochs * steps_per_epoch), warmup_lr_init=lr * 0.01,
-                                  warmup_prefix=True, t_in_epochs=False)
-    mixup_fn = None
-    if cfg.mixup > 0 or cfg.cutmix > 0:
-        mixup_fn = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
-                         num_classes=data_info.num_classes)
-        loss_fn = SoftTargetCrossEntropy()
-    else:
-        loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing > 0 else nn.CrossEntropyLoss()
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    r = build_recipe(cfg, model, lr, len(train_loader) // cfg.accum_steps, data_info.num_classes, info.device)
 
     start_epoch, step, best_acc, history = 0, 0, -1.0, []
     if cfg.resume:
-        start_epoch, step, best_acc, history = _resume(run_dir, model, optimizer, train_loader, info.is_main, log,
+        start_epoch, step, best_acc, history = _resume(run_dir, model, r, train_loader, info.is_main, log,
                                                        lambda metrics: _meta(cfg, img_size, data_info, metrics))
         if cfg.epochs < start_epoch:
             raise ValueError(f"--epochs {cfg.epochs} is below the {start_epoch} epochs {run_dir} has already run")
-        scheduler.step_update(num_updates=step)
+        r.scheduler.step_update(num_updates=step)
 
     if info.enabled:
         device_ids = [info.device.index] if info.device.type == "cuda" else None
@@ -225,18 +250,20 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
         if cfg.max_steps is not None and step >= cfg.max_steps:
             break                                          # a resumed run already at its step limit
         sampler.set_epoch(epoch)
-        metrics, step = train_one_epoch(model, train_loader, loss_fn, optimizer, scheduler, epoch=epoch,
-                                        epochs=cfg.epochs, info=info, step=step, mixup_fn=mixup_fn,
-                                        clip_grad=cfg.clip_grad, amp=cfg.amp, max_steps=cfg.max_steps)
-        metrics.update(evaluate(model, val_loader, info, cfg.amp))
+        metrics, step = train_one_epoch(model, train_loader, r, epoch=epoch, epochs=cfg.epochs, info=info, step=step)
+        metrics.update(evaluate(model, val_loader, info, cfg.amp, amp_dtype=cfg.amp_dtype,
+                                channels_last=cfg.channels_last))
+        if r.ema is not None:
+            ema = evaluate(r.ema.module, val_loader, info, cfg.amp, "eval ema", cfg.amp_dtype, cfg.channels_last)
+            metrics.update(val_loss_ema=ema["val_loss"], val_acc_ema=ema["val_acc"])
         metrics["epoch"] = epoch + 1
         history.append(metrics)
         if info.is_main:
-            _save_epoch(run_dir, model, optimizer, train_loader, history, step, best_acc,
-                        _meta(cfg, img_size, data_info, metrics))
+            _save_epoch(run_dir, model, r, train_loader, history, step, best_acc, _meta(cfg, img_size, data_info, metrics))
         best_acc = max(best_acc, metrics["val_acc"])
+        ema_text = f" (EMA {metrics['val_acc_ema']:.2f}%)" if r.ema is not None else ""
         log(f"epoch {epoch + 1:>3}/{cfg.epochs}: train loss {metrics['train_loss']:.4f}, "
-            f"val loss {metrics['val_loss']:.4f}, val acc {metrics['val_acc']:.2f}%, "
+            f"val loss {metrics['val_loss']:.4f}, val acc {metrics['val_acc']:.2f}%{ema_text}, "
             f"{metrics['images_per_s']:.0f} img/s")
         if cfg.max_steps is not None and step >= cfg.max_steps:
             break
@@ -255,21 +282,29 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
     return summary
 
 
-def _save_epoch(run_dir, model, optimizer, loader, history, step, best_acc, meta) -> None:
+def _save_epoch(run_dir, model, r, loader, history, step, best_acc, meta) -> None:
     """Write one checkpoint set; ``state.pt`` goes last and records the digests of the others."""
     if meta["val_acc"] > best_acc:
         save_weights(model, run_dir / "best.safetensors", meta)
     save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+    save_text(run_dir / "metrics.csv", metrics_csv(history))
+    if r.ema is not None:
+        save_weights(r.ema.module, run_dir / "ema.safetensors", dict(meta, val_acc=history[-1]["val_acc_ema"]))
     save_weights(model, run_dir / "last.safetensors", meta)
+    extra = {}
+    if r.ema is not None:
+        extra["ema"] = {k: v.detach().cpu() for k, v in r.ema.module.state_dict().items()}
+    if r.scaler is not None:
+        extra["scaler"] = r.scaler.state_dict()
     save_state(run_dir / "state.pt", {
-        "model": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
-        "optimizer": optimizer.state_dict(), "epoch": meta["epoch"], "step": step,
+        **extra, "model": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
+        "optimizer": r.optimizer.state_dict(), "epoch": meta["epoch"], "step": step,
         "best_acc": max(best_acc, meta["val_acc"]), "history": history, "rng": rng_state(loader),
         "files": {name: file_digest(run_dir / name) for name in CHECKPOINT_FILES if (run_dir / name).is_file()},
     })
 
 
-def _resume(run_dir, model, optimizer, loader, is_main, log, meta_for):
+def _resume(run_dir, model, r, loader, is_main, log, meta_for):
     """Load the last complete checkpoint set; files newer than its manifest (a run killed while
     writing the next set) are ignored with one warning line and rewritten from it."""
     removed = remove_stray_temporaries(run_dir) if is_main else 0
@@ -283,7 +318,13 @@ def _resume(run_dir, model, optimizer, loader, is_main, log, meta_for):
     if weights is None:                                   # runs written before the manifest existed
         weights, _ = load_weights(run_dir / "last.safetensors")
     load_into(model, weights, f"{run_dir}/state.pt")
-    optimizer.load_state_dict(state["optimizer"])
+    r.optimizer.load_state_dict(state["optimizer"])
+    if r.ema is not None:
+        if "ema" not in state:
+            raise ValueError(f"--resume: {run_dir} was trained without --ema-decay; it cannot resume with it")
+        r.ema.module.load_state_dict(state["ema"])
+    if r.scaler is not None and "scaler" in state:
+        r.scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"], loader)
     epoch, step, best_acc = int(state["epoch"]), int(state["step"]), float(state["best_acc"])
     history = state.get("history")
@@ -314,24 +355,41 @@ def resolve_checkpoint(path) -> Path:
     return path
 
 
+def load_model(checkpoint, device: Optional[str] = None) -> nn.Module:
+    """The model of a vitmix checkpoint file or run directory, rebuilt from the checkpoint's own
+    metadata (model, mixer and its options, classes, channels, image size) and put in eval mode.
+
+    >>> model = vitmix.load_model("runs/my-run")          # doctest: +SKIP  (its best.safetensors)
+    """
+    model, _, _ = _load_checkpoint(checkpoint, device)
+    return model
+
+
+def _load_checkpoint(checkpoint, device):
+    path = resolve_checkpoint(checkpoint)
+    state, meta = load_weights(path)
+    missing = [k for k in ("model", "num_classes", "in_chans", "img_size") if k not in meta]
+    if missing:
+        raise ValueError(f"{path} has no vitmix metadata ({', '.join(missing)} missing); was it written by "
+                         "vitmix train? Build the model yourself and load it with load_into")
+    cfg = TrainConfig(model=meta["model"], mixer=meta.get("mixer"), mixer_options=meta.get("mixer_options") or {},
+                      model_options=meta.get("model_options") or {})
+    dev = parse_device(device)
+    model = build_model(cfg, meta["num_classes"], meta["in_chans"], int(meta["img_size"]))
+    load_into(model, state, str(path))
+    return model.to(dev).eval(), meta, path
+
+
 def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Optional[str] = None,
                         batch_size: int = 128, device: Optional[str] = None, amp: bool = False) -> dict:
     """Rebuild the model recorded in a vitmix checkpoint and measure it on ``data``'s validation split."""
-    path = resolve_checkpoint(checkpoint)
-    state, meta = load_weights(path)
-    if "model" not in meta:
-        raise ValueError(f"{path} has no vitmix metadata (model name, mixer); was it written by vitmix train?")
+    model, meta, path = _load_checkpoint(checkpoint, device)
     data = data or meta.get("data")
-    cfg = TrainConfig(model=meta["model"], mixer=meta.get("mixer"), mixer_options=meta.get("mixer_options") or {},
-                      model_options=meta.get("model_options") or {})
-    img_size = int(meta["img_size"])
-    _, val_set, data_info = build_datasets(data, img_size, data_dir, augment=False)
+    _, val_set, data_info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False)
     if data_info.num_classes != meta["num_classes"] or data_info.in_chans != meta["in_chans"]:
         raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
                          f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
-    info = DistInfo(device=parse_device(device))
-    model = build_model(cfg, meta["num_classes"], meta["in_chans"], img_size).to(info.device)
-    load_into(model, state, str(path))
+    info = DistInfo(device=next(model.parameters()).device)
     _, val_loader = build_loaders(val_set, val_set, batch_size)
     result = evaluate(model, val_loader, info, amp)
     result.update(checkpoint=str(path), model=meta["model"], mixer=meta.get("mixer"), data=data)
