@@ -90,3 +90,16 @@ def test_corrupt_idx_file_is_a_clear_error(tmp_path):
     bad.write_bytes(b"not an idx file at all")
     with pytest.raises(ValueError, match="not an IDX file"):
         read_idx(bad)
+
+
+def test_cifar_download_without_network_is_a_clear_error(tmp_path, monkeypatch):
+    """No network: torchvision's URLError becomes one actionable line (where, what URL, --data-dir)."""
+    import urllib.error
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(FileNotFoundError, match=r"could not download cifar10 into .*URLError.*--data-dir"):
+        build_datasets("cifar10", img_size=32, data_dir=str(tmp_path), download=True)

@@ -142,6 +142,11 @@ def _cifar(num_classes: int):
                 f"{name} not found under {root.resolve()} ({err}). Pass --data-dir DIR containing "
                 f"{cls.base_folder}/, or add --download to fetch it"
             ) from None
+        except OSError as err:       # URLError and socket errors: no network, proxy, DNS
+            raise FileNotFoundError(
+                f"could not download {name} into {root.resolve()} ({type(err).__name__}: {err}); on a machine "
+                f"without network, fetch {cls.url} elsewhere, unpack it there and pass --data-dir"
+            ) from None
         return train, val, DatasetInfo(name, num_classes, 3, 32, info.mean, info.std, tuple(train.classes))
 
     return build
