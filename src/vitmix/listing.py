@@ -1,6 +1,14 @@
 """``vitmix models`` and ``vitmix mixers``: what is registered."""
 from __future__ import annotations
 
+import re
+
+
+def plain(text: str) -> str:
+    """A docstring line as terminal text: ``code``, :class:`X` and :func:`y` lose their markup."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1).split(".")[-1], text)
+    return text.replace("``", "")
+
 
 def add_parser(sub) -> None:
     m = sub.add_parser("models", help="list models that accept vitmix mixers")
@@ -31,9 +39,9 @@ def run_mixers(args) -> int:
     shared = set(TokenMixer.option_names())
     for name in list_mixers():
         cls = get_mixer_class(name)
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        doc = plain((cls.__doc__ or "").strip().splitlines()[0]) if cls.__doc__ else ""
         own = [o for o in cls.option_names() if o not in shared and o not in ("dim", "num_heads")]
-        print(f"{name:<14} {doc}")
+        print(f"{name:<14} {doc} [cost: {cls.complexity} in tokens]")
         if own:
             print(f"{'':<14} options: {', '.join(own)}")
     return 0

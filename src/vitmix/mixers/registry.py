@@ -1,11 +1,38 @@
-"""Name → mixer class registry, and the timm ``attn_layer`` adapter."""
+"""Name → mixer class registry, and the timm ``attn_layer`` adapter.
+
+A mixer registers itself with ``@register_mixer("name")`` in its own module. vitmix's mixers are
+imported by ``vitmix.mixers``; other packages declare theirs as entry points of the group
+``vitmix.mixers`` (``[project.entry-points."vitmix.mixers"] my_mixer = "my_pkg.my_mixer"``), which are
+imported the first time a name is looked up. See ``docs/adding-a-mixer.md``.
+"""
 from __future__ import annotations
 
+import warnings
 from typing import Dict, List, Type
 
 from .base import TokenMixer, close_matches
 
 _MIXERS: Dict[str, Type[TokenMixer]] = {}
+ENTRY_POINT_GROUP = "vitmix.mixers"
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    """Import every module declared in the ``vitmix.mixers`` entry-point group (once); a plugin
+    that fails to import is skipped with a warning naming it, so one broken package does not break
+    vitmix."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as err:  # any import-time error of third-party code
+            warnings.warn(f"vitmix: mixer plugin {ep.name!r} ({ep.value}) failed to load: "
+                          f"{type(err).__name__}: {err}", RuntimeWarning, stacklevel=3)
 
 
 def register_mixer(name: str):
@@ -24,13 +51,16 @@ def register_mixer(name: str):
 
 
 def list_mixers() -> List[str]:
-    """Sorted names of all registered mixers."""
+    """Sorted names of all registered mixers (plugins included)."""
+    _load_plugins()
     return sorted(_MIXERS)
 
 
 def get_mixer_class(name: str) -> Type[TokenMixer]:
     """The class registered as ``name``; ``ValueError`` listing close matches otherwise."""
     key = name.strip().lower().replace("-", "_") if isinstance(name, str) else name
+    if key not in _MIXERS:
+        _load_plugins()
     if key not in _MIXERS:
         raise ValueError(
             f"unknown mixer {name!r}." + close_matches(str(name), _MIXERS)
