@@ -185,7 +185,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         cleanup(info)
 
 
-def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
+def check_numbers(cfg: TrainConfig) -> None:
+    """Numeric settings out of range are a one-line ``ValueError`` naming the flag."""
     for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch", "accum_steps"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
@@ -194,11 +195,10 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
         raise ValueError(f"--ema-decay {cfg.ema_decay} must be between 0 and 1 (e.g. 0.9998)")
     if cfg.amp_dtype not in AMP_DTYPES:
         raise ValueError(f"--amp-dtype {cfg.amp_dtype!r}: choose {' or '.join(AMP_DTYPES)}")
-    seed_everything(cfg.seed + info.rank)
-    img_size = cfg.img_size or default_img_size(cfg.model)
-    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment)
-    train_set = _subset(train_set, cfg.train_subset, cfg.seed)
-    model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size).to(info.device)
+
+
+def prepare_run_dir(cfg: TrainConfig) -> Path:
+    """The run directory, checked: a new run never lands on an existing one, a resume needs one."""
     run_dir = _run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"--out {run_dir} is a file; give a directory for the run")
@@ -208,6 +208,17 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
         check_resumable(cfg, run_dir)
     elif (run_dir / "config.yaml").exists():
         raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+    return run_dir
+
+
+def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
+    check_numbers(cfg)
+    seed_everything(cfg.seed + info.rank)
+    img_size = cfg.img_size or default_img_size(cfg.model)
+    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment)
+    train_set = _subset(train_set, cfg.train_subset, cfg.seed)
+    model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size).to(info.device)
+    run_dir = prepare_run_dir(cfg)
 
     # One sampler for any world size: rank r takes every world-th index of the same seeded
     # permutation, so with the same global batch each optimizer step sees the same images as a
@@ -232,8 +243,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
         r.scheduler.step_update(num_updates=step)
 
     if info.enabled:
-        device_ids = [info.device.index] if info.device.type == "cuda" else None
-        model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[info.device.index]
+                                                    if info.device.type == "cuda" else None)
 
     n_params = sum(p.numel() for p in unwrap(model).parameters())
     if info.is_main:
@@ -251,12 +262,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
             break                                          # a resumed run already at its step limit
         sampler.set_epoch(epoch)
         metrics, step = train_one_epoch(model, train_loader, r, epoch=epoch, epochs=cfg.epochs, info=info, step=step)
-        metrics.update(evaluate(model, val_loader, info, cfg.amp, amp_dtype=cfg.amp_dtype,
-                                channels_last=cfg.channels_last))
-        if r.ema is not None:
-            ema = evaluate(r.ema.module, val_loader, info, cfg.amp, "eval ema", cfg.amp_dtype, cfg.channels_last)
-            metrics.update(val_loss_ema=ema["val_loss"], val_acc_ema=ema["val_acc"])
-        metrics["epoch"] = epoch + 1
+        metrics.update(_validate(model, r, val_loader, info, cfg), epoch=epoch + 1)
         history.append(metrics)
         if info.is_main:
             _save_epoch(run_dir, model, r, train_loader, history, step, best_acc, _meta(cfg, img_size, data_info, metrics))
@@ -267,13 +273,26 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
             f"{metrics['images_per_s']:.0f} img/s")
         if cfg.max_steps is not None and step >= cfg.max_steps:
             break
+    return _finish(cfg, run_dir, history, n_params, step, time.perf_counter() - t0, info.is_main, log)
 
+
+def _validate(model, r, val_loader, info, cfg) -> dict:
+    """Validation loss/accuracy of the model, and of its EMA when one is kept."""
+    metrics = evaluate(model, val_loader, info, cfg.amp, amp_dtype=cfg.amp_dtype, channels_last=cfg.channels_last)
+    if r.ema is not None:
+        ema = evaluate(r.ema.module, val_loader, info, cfg.amp, "eval ema", cfg.amp_dtype, cfg.channels_last)
+        metrics.update(val_loss_ema=ema["val_loss"], val_acc_ema=ema["val_acc"])
+    return metrics
+
+
+def _finish(cfg, run_dir, history, n_params, step, seconds, is_main, log) -> dict:
+    """``summary.json``, the curves, the summary table and the final line."""
     summary = {"run_dir": str(run_dir), "model": cfg.model, "mixer": cfg.mixer, "data": cfg.data,
                "params": n_params, "epochs_run": len(history), "steps": step,
                "final_val_acc": history[-1]["val_acc"] if history else None,
                "best_val_acc": max((h["val_acc"] for h in history), default=None),
-               "train_seconds": time.perf_counter() - t0}
-    if info.is_main and history:
+               "train_seconds": seconds}
+    if is_main and history:
         plot_curves(history, run_dir / "curves.png", f"{cfg.model} ({cfg.mixer or 'default'}) on {cfg.data}")
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         log("\n" + _summary_table(history))
