@@ -14,6 +14,8 @@ def add_parser(sub) -> None:
     m = sub.add_parser("models", help="list models that accept vitmix mixers")
     m.add_argument("pattern", nargs="?", default="", help="substring filter")
     m.add_argument("--all", action="store_true", help="also list timm's ViT/DeiT families")
+    m.add_argument("--table", action="store_true",
+                   help="markdown table of vitmix's models: input size, mixer, parameters, GMACs of one image")
     m.set_defaults(func=run_models)
     x = sub.add_parser("mixers", help="list registered token mixers and their options")
     x.set_defaults(func=run_mixers)
@@ -23,8 +25,11 @@ def run_models(args) -> int:
     from .models import is_vitmix_model, list_models
 
     names = list_models(args.pattern)
-    if not args.all:
+    if not args.all or args.table:
         names = [n for n in names if is_vitmix_model(n)]
+    if args.table:
+        print(model_table(names))
+        return 0
     for name in names:
         print(name)
     if not args.all:
@@ -45,3 +50,25 @@ def run_mixers(args) -> int:
         if own:
             print(f"{'':<14} options: {', '.join(own)}")
     return 0
+
+
+def model_table(names) -> str:
+    """One markdown row per model: default input, the mixer in its blocks, parameters and the
+    multiply-accumulates of one forward pass at that input (FlopCounterMode, FLOPs / 2)."""
+    import timm
+    import torch
+
+    from .bench.flops import count_flops
+    from .mixers.base import TokenMixer
+
+    rows = ["| model | input | mixer | params | GMACs |", "|---|---|---|---:|---:|"]
+    for name in names:
+        model = timm.create_model(name).eval()
+        size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+        kinds = sorted({getattr(m, "mixer_name", None) or type(m).__name__ for m in model.modules()
+                        if isinstance(m, TokenMixer)}) or ["none (dynamic MLP/conv)"]
+        with torch.no_grad():
+            flops = count_flops(lambda: model(torch.zeros(1, *size))).total
+        params = sum(p.numel() for p in model.parameters())
+        rows.append(f"| `{name}` | {size[1]}×{size[2]} | {', '.join(kinds)} | {params / 1e6:.2f}M | {flops / 2e9:.2f} |")
+    return "\n".join(rows)
