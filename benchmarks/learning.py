@@ -8,6 +8,10 @@ then writes a table of validation accuracy by epoch, the gap to softmax at every
     python benchmarks/learning.py --config configs/fashion-mnist-196.yaml \\
         --models weightformer_nano_patch4_32
 
+With ``--seeds 0,1,2`` every entry is trained once per seed (runs in
+``runs/learning/<config>-seeds/seed<S>/``, results in ``benchmarks/results/learning/<config>-seeds/``:
+a table per seed and a summary with each seed's smallest gap to softmax and the mean curves).
+
 Runs go to ``runs/learning/<config>/<entry>`` (an entry already finished there is read back, not
 retrained, so an interrupted sweep resumes); results to ``benchmarks/results/learning/<config>/``
 (``results.md``, ``results.json``, ``curves.png``). Each entry is also one command:
@@ -97,12 +101,43 @@ def write(rows, cfg_path: Path, out: Path, env: dict, cmd: str) -> None:
     fig.savefig(out / "curves.png", dpi=120)
 
 
+def write_seed_summary(per_seed, cfg_path: Path, out: Path, env: dict, cmd: str) -> None:
+    """Per entry and seed: the smallest gap to softmax (same seed) from epoch 5 on and the final
+    accuracy; then the accuracy by epoch averaged over the seeds."""
+    seeds = sorted(per_seed)
+    labels = [r["entry"] for r in per_seed[seeds[0]]]
+    lines = [f"# Several seeds: `{cfg_path.as_posix()}`", "", f"Command: `{cmd}`. {env['cpu']}, torch {env['torch']}, "
+             f"{env['date_utc']}. Per-seed tables: " + ", ".join(f"[seed {s}](seed{s}/results.md)" for s in seeds)
+             + ".", "", "Smallest gap to softmax (same seed) over epochs 5–last, and final accuracy:", "",
+             "| entry | " + " | ".join(f"seed {s}: min gap ep≥5 | seed {s}: final" for s in seeds) + " |",
+             "|---" * (1 + 2 * len(seeds)) + "|"]
+    for label in labels:
+        cells = []
+        for s in seeds:
+            r = next(x for x in per_seed[s] if x["entry"] == label)
+            gaps = (r.get("gap_to_softmax") or [])[4:]
+            cells += [f"{min(gaps):+.2f}" if gaps and label != "softmax" else "—", f"{r['final']:.2f}"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    epochs = min(len(r["val_acc"]) for s in seeds for r in per_seed[s])
+    lines += ["", f"Mean validation accuracy (%) over seeds {', '.join(map(str, seeds))}:", "",
+              "| entry | " + " | ".join(f"ep {e + 1}" for e in range(epochs)) + " |", "|---" * (epochs + 1) + "|"]
+    for label in labels:
+        runs = [next(x for x in per_seed[s] if x["entry"] == label)["val_acc"] for s in seeds]
+        lines.append(f"| {label} | " + " | ".join(f"{sum(r[e] for r in runs) / len(runs):.1f}"
+                                                  for e in range(epochs)) + " |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, required=True, help="a YAML recipe under configs/")
     ap.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated mixers (default: %(default)s)")
     ap.add_argument("--models", default="", help="comma-separated whole models trained with the same recipe")
     ap.add_argument("--out", type=Path, help="results folder (default benchmarks/results/learning/<config>)")
+    ap.add_argument("--seeds", default="", help="comma-separated seeds: one run per entry and seed, a table per "
+                    "seed and a summary (default: the config's seed)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TQDM_DISABLE", "1")
     cfg = TrainConfig.from_dict(load_yaml(args.config))
@@ -110,9 +145,18 @@ def main(argv=None) -> None:
     run_root = Path("runs") / "learning" / stem
     todo = entries(cfg, [m for m in args.mixers.split(",") if m], [m for m in args.models.split(",") if m])
     env = environment()
-    rows = [run_entry(label, c, run_root) for label, c in todo]
     cmd = "python benchmarks/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    write(rows, args.config, args.out or ROOT / "results" / "learning" / stem, env, cmd)
+    out = args.out or ROOT / "results" / "learning" / stem
+    if not args.seeds:
+        write([run_entry(label, c, run_root) for label, c in todo], args.config, out, env, cmd)
+        return
+    per_seed = {}
+    run_root, out = run_root.with_name(stem + "-seeds"), args.out or out.with_name(stem + "-seeds")
+    for seed in (int(x) for x in args.seeds.split(",")):
+        per_seed[seed] = [run_entry(label, TrainConfig.from_dict({**c.to_dict(), "seed": seed}),
+                                    run_root / f"seed{seed}") for label, c in todo]
+        write(per_seed[seed], args.config, out / f"seed{seed}", env, cmd)
+    write_seed_summary(per_seed, args.config, out, env, cmd)
 
 
 if __name__ == "__main__":

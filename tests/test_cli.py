@@ -27,5 +27,15 @@ def test_listings(capsys):
     assert main(["mixers"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in list_mixers())
+    assert "``" not in out and ":class:" not in out and "module docstring" not in out   # plain text
+    assert "laplacian" in out and "[cost: linear in tokens]" in out
     assert main(["models", "nano"]) == 0
     assert "vit_nano_patch4_32" in capsys.readouterr().out
+
+
+def test_model_table(capsys):
+    assert main(["models", "--table", "nano_patch4_32"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "| model | input | mixer | params | GMACs |"
+    row = next(line for line in lines if line.startswith("| `vit_nano_patch4_32` |"))
+    assert "| 32×32 | softmax | 0.81M |" in row

@@ -45,7 +45,9 @@ from .registry import register_mixer
 # ---------------------------------------------------------------------------------------------
 @register_mixer("soft")
 class SoftAttention(TokenMixer):
-    """SOFT softmax-free attention (official code's behaviour; see the module docstring).
+    """SOFT softmax-free attention: Gaussian kernel, Nyström landmarks, Newton–Schulz (official code).
+
+    The module docstring lists what follows the official code.
 
     Args:
         dim, num_heads: channels and heads (``d = dim / num_heads``; the released models use d = 32).

@@ -1,0 +1,53 @@
+"""Every registered vitmix model gives the same outputs as when this file's fingerprints were
+recorded (same seed, same input): refactors must not change a model silently.
+
+Regenerate after an intended change (and say why in the commit):
+    python tests/models/test_fingerprints.py --update
+"""
+import json
+import pathlib
+import sys
+
+import pytest
+import timm
+import torch
+
+import vitmix  # noqa: F401  (registers the models)
+from vitmix.models import is_vitmix_model
+
+FILE = pathlib.Path(__file__).with_name("fingerprints.json")
+MODELS = sorted(m for m in timm.list_models() if is_vitmix_model(m))
+
+
+def _input_size(model) -> int:
+    size = int(model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
+    # pyramids and WeightFormer accept any multiple of 32: keep the test fast
+    return 64 if type(model).__name__ in ("PyramidTransformer", "WeightFormer") else size
+
+
+def fingerprint(name: str) -> dict:
+    torch.manual_seed(0)
+    model = timm.create_model(name).eval()
+    size = _input_size(model)
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y = model(x).double()
+    return {"size": size, "params": sum(p.numel() for p in model.parameters()),
+            "sum": float(y.sum()), "abs_sum": float(y.abs().sum()), "head": y.flatten()[:6].tolist()}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_output_is_unchanged(name):
+    saved = json.loads(FILE.read_text())
+    assert name in saved, f"no fingerprint for {name}: run python tests/models/test_fingerprints.py --update"
+    ref, now = saved[name], fingerprint(name)
+    assert now["size"] == ref["size"] and now["params"] == ref["params"]
+    # fp32 forward on other machines / thread counts: reductions in another order, ~1e-6 relative
+    for key in ("sum", "abs_sum"):
+        assert now[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-4), key
+    assert now["head"] == pytest.approx(ref["head"], rel=1e-4, abs=1e-5)
+
+
+if __name__ == "__main__" and "--update" in sys.argv:
+    FILE.write_text(json.dumps({name: fingerprint(name) for name in MODELS}, indent=1) + "\n")
+    print(f"wrote {len(MODELS)} fingerprints to {FILE}")
