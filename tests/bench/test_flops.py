@@ -68,6 +68,8 @@ VISIBLE = [
     ("laplacian", {"newton_alpha": "safe"}),
     ("fibottention", {"mode": "masked"}),
     ("fibottention", {"mode": "official"}),
+    ("linear", {}), ("performer", {}), ("performer", {"num_features": 17}),
+    ("nystromformer", {}), ("nystromformer", {"num_landmarks": 16, "conv_kernel": 0}),
 ]
 
 

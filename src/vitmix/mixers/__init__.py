@@ -12,6 +12,7 @@ from .registry import create, get_mixer_class, list_mixers, register_mixer, timm
 from . import softmax  # noqa: F401,E402
 from . import fibottention  # noqa: F401,E402
 from . import laplacian, soft  # noqa: F401,E402
+from . import linear, nystromformer, performer  # noqa: F401,E402  (baselines)
 
 __all__ = [
     "TokenMixer", "create", "get_mixer_class", "infer_grid", "list_mixers", "register_mixer",
