@@ -204,3 +204,51 @@ def test_ema_fp16_channels_last_and_load_model(tmp_path):
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), ema.parameters()))
     r = evaluate_checkpoint(out / "ema.safetensors")
     assert r["val_acc"] == pytest.approx(history[-1]["val_acc_ema"])
+
+
+def test_compile_failure_falls_back_to_eager_with_the_same_results(tmp_path, monkeypatch):
+    """--compile: a compiler that raises at the first forward (no C++ compiler, unsupported op)
+    warns once and training continues eagerly, ending exactly where an eager run ends."""
+    from safetensors.torch import load_file
+
+    calls = []
+
+    def broken_compile(module, **options):
+        def run(*args, **kwargs):
+            calls.append(1)
+            raise RuntimeError("InductorError: no working C++ compiler found\nsecond line")
+        return run
+
+    base = dict(TINY, epochs=1, max_steps=3)
+    train(TrainConfig(**base, out=str(tmp_path / "eager")), log=lambda *a: None)
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed .*InductorError: no working C"):
+        train(TrainConfig(**base, compile=True, out=str(tmp_path / "compiled")), log=lambda *a: None)
+    assert len(calls) == 1                      # tried once, then eager for good
+    a, b = load_file(str(tmp_path / "eager" / "last.safetensors")), load_file(str(tmp_path / "compiled" / "last.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_compile_runs_through_dynamo(tmp_path, monkeypatch):
+    """The working path: the model really runs through torch.compile (the 'eager' backend keeps the
+    test fast; inductor is what users get) and checkpoints carry the plain model's keys."""
+    from vitmix.train.compiled import CompiledWithFallback
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda module, **o: compile_(module, backend="eager"))
+    out = tmp_path / "c"
+    train(TrainConfig(**dict(TINY, epochs=1, max_steps=2), compile=True, out=str(out)), log=lambda *a: None)
+    model = CompiledWithFallback(torch.nn.Linear(2, 2))
+    assert not model.eager and set(model.state_dict()) == {"module.weight", "module.bias"}
+    assert "blocks.0.attn.qkv.weight" in load_state(out / "state.pt")["model"]
+
+
+def test_keep_top_k_keeps_the_best_epochs(tmp_path):
+    out = tmp_path / "topk"
+    summary = train(TrainConfig(**dict(TINY, epochs=4, train_subset=128, lr=1e-2), keep_top_k=2, out=str(out)),
+                    log=lambda *a: None)
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    best = sorted(history, key=lambda h: (-h["val_acc"], h["epoch"]))[:2]
+    assert sorted(p.name for p in (out / "top").iterdir()) == sorted(f"epoch-{h['epoch']:03d}.safetensors" for h in best)
+    assert summary["epochs_run"] == 4
+    assert set(load_state(out / "state.pt")["files"]) >= {f"top/epoch-{h['epoch']:03d}.safetensors" for h in best}

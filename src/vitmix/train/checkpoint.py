@@ -53,9 +53,14 @@ def remove_stray_temporaries(run_dir: Path) -> int:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The bare model inside DDP / torch.compile wrappers."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
+    """The bare model inside DDP, ``--compile`` and torch.compile wrappers (nested in any order)."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel) or getattr(model, "wraps_module", False):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def save_weights(model: nn.Module, path: Path, meta: Dict[str, Any]) -> None:

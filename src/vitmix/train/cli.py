@@ -26,6 +26,8 @@ _HELP = {
     "accum_steps": "accumulate gradients of this many batches per optimizer step",
     "ema_decay": "also keep an EMA of the weights with this decay (e.g. 0.9998): evaluated each epoch, ema.safetensors",
     "channels_last": "channels-last memory format for images and conv weights",
+    "compile": "torch.compile the model (falls back to eager with a warning if compiling fails)",
+    "keep_top_k": "keep the weights of the k best epochs as top/epoch-NNN.safetensors (k > 1)",
     "max_steps": "stop after this many optimizer steps (smoke tests)",
     "out": "run directory (default: runs/<time>-<model>-<mixer>-<data>)",
     "resume": "continue the run in --out from its last checkpoint",
@@ -56,7 +58,7 @@ def add_parser(sub) -> None:
             continue
         kind = {int: int, float: float}.get(type(default), str)
         if f.name in ("img_size", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset",
-                      "lr_base_batch", "accum_steps"):
+                      "lr_base_batch", "accum_steps", "keep_top_k"):
             kind = int
         if f.name in ("clip_grad", "ema_decay"):
             kind = float

@@ -40,6 +40,8 @@ class TrainConfig:
     accum_steps: int = 1                 # micro-batches per optimizer step (global batch × this)
     ema_decay: Optional[float] = None    # keep an EMA of the weights (timm ModelEmaV3), e.g. 0.9998
     channels_last: bool = False          # NHWC images and conv weights
+    compile: bool = False                # torch.compile the model (eager if compiling fails)
+    keep_top_k: int = 1                  # also keep the k best epochs' weights under top/ (k > 1)
     seed: int = 0
     workers: int = 0
     max_steps: Optional[int] = None      # stop after this many optimizer steps (smoke tests)

@@ -46,6 +46,7 @@ class Recipe:
     channels_last: bool = False                    # --channels-last
     mixup_fn: Optional[object] = None
     max_steps: Optional[int] = None                # --max-steps (optimizer steps)
+    keep_top_k: int = 1                            # --keep-top-k checkpoints kept under top/
 
 
 def _optimizer_step(model: nn.Module, r: Recipe, step: int) -> int:

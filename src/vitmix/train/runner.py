@@ -24,6 +24,7 @@ from .checkpoint import (
     file_digest, load_into, load_state, load_weights, remove_stray_temporaries, save_state, save_text, save_weights,
     unwrap,
 )
+from .compiled import CompiledWithFallback
 from .config import TrainConfig
 from .distributed import DistInfo, cleanup, init_distributed, parse_device
 from .engine import AMP_DTYPES, Recipe, evaluate, train_one_epoch
@@ -162,7 +163,7 @@ def build_recipe(cfg: TrainConfig, model: nn.Module, lr: float, steps_per_epoch:
     scaler = torch.amp.GradScaler(device.type) if cfg.amp and cfg.amp_dtype == "float16" else None
     return Recipe(optimizer, scheduler, loss_fn, clip_grad=cfg.clip_grad, amp=cfg.amp, amp_dtype=cfg.amp_dtype,
                   scaler=scaler, accum_steps=cfg.accum_steps, ema=ema, channels_last=cfg.channels_last,
-                  mixup_fn=mixup_fn, max_steps=cfg.max_steps)
+                  mixup_fn=mixup_fn, max_steps=cfg.max_steps, keep_top_k=cfg.keep_top_k)
 
 
 def metrics_csv(history) -> str:
@@ -187,7 +188,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 def check_numbers(cfg: TrainConfig) -> None:
     """Numeric settings out of range are a one-line ``ValueError`` naming the flag."""
-    for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch", "accum_steps"):
+    for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch", "accum_steps", "keep_top_k"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be a positive integer")
@@ -242,6 +243,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
             raise ValueError(f"--epochs {cfg.epochs} is below the {start_epoch} epochs {run_dir} has already run")
         r.scheduler.step_update(num_updates=step)
 
+    if cfg.compile:
+        model = CompiledWithFallback(model)
     if info.enabled:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[info.device.index]
                                                     if info.device.type == "cuda" else None)
@@ -305,6 +308,7 @@ def _save_epoch(run_dir, model, r, loader, history, step, best_acc, meta) -> Non
     """Write one checkpoint set; ``state.pt`` goes last and records the digests of the others."""
     if meta["val_acc"] > best_acc:
         save_weights(model, run_dir / "best.safetensors", meta)
+    top = _update_top_k(run_dir, model, history, meta, r.keep_top_k)
     save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
     save_text(run_dir / "metrics.csv", metrics_csv(history))
     if r.ema is not None:
@@ -319,8 +323,25 @@ def _save_epoch(run_dir, model, r, loader, history, step, best_acc, meta) -> Non
         **extra, "model": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
         "optimizer": r.optimizer.state_dict(), "epoch": meta["epoch"], "step": step,
         "best_acc": max(best_acc, meta["val_acc"]), "history": history, "rng": rng_state(loader),
-        "files": {name: file_digest(run_dir / name) for name in CHECKPOINT_FILES if (run_dir / name).is_file()},
+        "files": {name: file_digest(run_dir / name)
+                  for name in (*CHECKPOINT_FILES, *top) if (run_dir / name).is_file()},
     })
+
+
+def _update_top_k(run_dir: Path, model, history, meta, k: int) -> list:
+    """Keep ``top/epoch-NNN.safetensors`` for the ``k`` best epochs so far (ties: the earlier epoch);
+    returns their names. Nothing is written for ``k = 1`` (``best.safetensors`` is the top-1)."""
+    if k <= 1:
+        return []
+    ranked = sorted(history, key=lambda h: (-h["val_acc"], h["epoch"]))[:k]
+    keep = {f"top/epoch-{h['epoch']:03d}.safetensors" for h in ranked}
+    name = f"top/epoch-{meta['epoch']:03d}.safetensors"
+    if name in keep:
+        save_weights(model, run_dir / name, meta)
+    for path in (run_dir / "top").glob("epoch-*.safetensors"):
+        if f"top/{path.name}" not in keep:
+            path.unlink()
+    return sorted(keep)
 
 
 def _resume(run_dir, model, r, loader, is_main, log, meta_for):
@@ -352,6 +373,10 @@ def _resume(run_dir, model, r, loader, is_main, log, meta_for):
     history = list(history[:epoch])
     files = state.get("files", {})
     stale = [n for n, digest in files.items() if not (run_dir / n).is_file() or file_digest(run_dir / n) != digest]
+    for path in (run_dir / "top").glob("epoch-*.safetensors") if is_main else ():
+        if f"top/{path.name}" not in files:           # written for an epoch that never completed
+            path.unlink()
+            stale.append(f"top/{path.name}")
     if stale and is_main:
         log(f"warning: ignoring the partial checkpoint set of an interrupted epoch ({', '.join(stale)}); "
             f"resuming from the complete set of epoch {epoch} in {run_dir}/state.pt")
