@@ -252,3 +252,36 @@ def test_keep_top_k_keeps_the_best_epochs(tmp_path):
     assert sorted(p.name for p in (out / "top").iterdir()) == sorted(f"epoch-{h['epoch']:03d}.safetensors" for h in best)
     assert summary["epochs_run"] == 4
     assert set(load_state(out / "state.pt")["files"]) >= {f"top/epoch-{h['epoch']:03d}.safetensors" for h in best}
+
+
+def test_tensorboard_logs_every_epoch_metric_or_says_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+    import types
+
+    from vitmix.train import runner
+
+    logged = []
+
+    class Writer:  # stands in for torch.utils.tensorboard.SummaryWriter (the package is optional)
+        def __init__(self, logdir):
+            logged.append(("dir", logdir))
+
+        def add_scalar(self, key, value, step):
+            logged.append((key, step))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "tensorboard" else find_spec(name, *a))
+    out = tmp_path / "tb"
+    train(TrainConfig(**dict(TINY, epochs=2, max_steps=4, train_subset=128), tensorboard=True, out=str(out)),
+          log=lambda *a: None)
+    assert logged[0] == ("dir", str(out / "tensorboard"))
+    assert {("val_acc", 1), ("val_acc", 2), ("train_loss", 2), ("lr", 1)} <= set(logged)
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
+    with pytest.raises(ValueError, match="pip install tensorboard"):
+        runner.check_numbers(TrainConfig(tensorboard=True))

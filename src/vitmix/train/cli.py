@@ -27,6 +27,7 @@ _HELP = {
     "ema_decay": "also keep an EMA of the weights with this decay (e.g. 0.9998): evaluated each epoch, ema.safetensors",
     "channels_last": "channels-last memory format for images and conv weights",
     "compile": "torch.compile the model (falls back to eager with a warning if compiling fails)",
+    "tensorboard": "also log each epoch's metrics for TensorBoard in RUN/tensorboard (pip install tensorboard)",
     "keep_top_k": "keep the weights of the k best epochs as top/epoch-NNN.safetensors (k > 1)",
     "max_steps": "stop after this many optimizer steps (smoke tests)",
     "out": "run directory (default: runs/<time>-<model>-<mixer>-<data>)",

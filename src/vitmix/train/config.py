@@ -42,6 +42,7 @@ class TrainConfig:
     channels_last: bool = False          # NHWC images and conv weights
     compile: bool = False                # torch.compile the model (eager if compiling fails)
     keep_top_k: int = 1                  # also keep the k best epochs' weights under top/ (k > 1)
+    tensorboard: bool = False            # also log the epoch metrics to run_dir/tensorboard
     seed: int = 0
     workers: int = 0
     max_steps: Optional[int] = None      # stop after this many optimizer steps (smoke tests)

@@ -1,6 +1,7 @@
 """``train(cfg)`` and ``evaluate_checkpoint(path, ...)``: the jobs behind ``vitmix train`` / ``eval``."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import time
@@ -186,6 +187,13 @@ def train(cfg: TrainConfig, log=print) -> dict:
         cleanup(info)
 
 
+def tensorboard_writer(run_dir: Path):
+    """A TensorBoard ``SummaryWriter`` logging into ``run_dir/tensorboard``."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(run_dir / "tensorboard"))
+
+
 def check_numbers(cfg: TrainConfig) -> None:
     """Numeric settings out of range are a one-line ``ValueError`` naming the flag."""
     for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch", "accum_steps", "keep_top_k"):
@@ -196,6 +204,8 @@ def check_numbers(cfg: TrainConfig) -> None:
         raise ValueError(f"--ema-decay {cfg.ema_decay} must be between 0 and 1 (e.g. 0.9998)")
     if cfg.amp_dtype not in AMP_DTYPES:
         raise ValueError(f"--amp-dtype {cfg.amp_dtype!r}: choose {' or '.join(AMP_DTYPES)}")
+    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
 
 
 def prepare_run_dir(cfg: TrainConfig) -> Path:
@@ -258,6 +268,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
         f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
         f"{f' (--lr × {global_batch}/{cfg.lr_base_batch})' if cfg.lr_base_batch else ''}; run dir {run_dir}")
 
+    board = tensorboard_writer(run_dir) if cfg.tensorboard and info.is_main else None
     t0 = time.perf_counter()
     epoch = start_epoch
     for epoch in range(start_epoch, cfg.epochs):
@@ -267,6 +278,11 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
         metrics, step = train_one_epoch(model, train_loader, r, epoch=epoch, epochs=cfg.epochs, info=info, step=step)
         metrics.update(_validate(model, r, val_loader, info, cfg), epoch=epoch + 1)
         history.append(metrics)
+        if board is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and key != "epoch":
+                    board.add_scalar(key, value, epoch + 1)
+            board.flush()
         if info.is_main:
             _save_epoch(run_dir, model, r, train_loader, history, step, best_acc, _meta(cfg, img_size, data_info, metrics))
         best_acc = max(best_acc, metrics["val_acc"])
