@@ -112,9 +112,9 @@ def test_structure_and_defaults():
     assert layer.lam == 4.0 and layer.normalize and layer.landmark_stride == 2 and layer.norm_scale == "tokens"
     assert layer.norm_eps == 1e-3 and layer.newton_alpha == "transpose"   # the defaults that learned best
     assert layer.qk_scale == pytest.approx(32 ** -0.5)      # documented default input scaling
-    assert layer.conv.weight.shape == (4, 1, 3, 3) and layer.conv.bias is None  # SOFT's per-head filter
-    channel = mixers.create("laplacian", 128, 4, conv_groups="channel", conv_kernel=5)
-    assert channel.conv.weight.shape == (128, 1, 5, 5) and channel.conv.bias is not None
+    assert layer.conv.weight.shape == (128, 1, 3, 3) and layer.conv.bias is not None  # per channel
+    head = mixers.create("laplacian", 128, 4, conv_groups="head", conv_kernel=5)
+    assert head.conv.weight.shape == (4, 1, 5, 5) and head.conv.bias is None
     assert not hasattr(mixers.create("laplacian", 128, 4, conv_kernel=0), "conv")
     normed = mixers.create("laplacian", 128, 4, qk_norm=True)
     assert isinstance(normed.q_norm, torch.nn.LayerNorm) and normed.q_norm.normalized_shape == (32,)
@@ -134,8 +134,11 @@ def test_qk_norm_matches_reference_with_normed_inputs():
     att = vitmix.ops.nystrom_attention_reference(q, k, v, pool(q), pool(k), kernel="laplacian",
                                                  normalization="injective", symmetric=False,
                                                  norm_eps=layer.norm_eps, alpha=layer.newton_alpha)
-    per_channel = layer.conv.weight.repeat_interleave(d, dim=0)   # the per-head filter on each channel
-    local = F.conv2d(v.permute(0, 1, 3, 2).reshape(b, h * d, 8, 8), per_channel, None, padding=1, groups=h * d)
+    weight = layer.conv.weight
+    if layer.conv_groups == "head":                 # the per-head filter on each of its channels
+        weight = weight.repeat_interleave(d, dim=0)
+    local = F.conv2d(v.permute(0, 1, 3, 2).reshape(b, h * d, 8, 8), weight, layer.conv.bias, padding=1,
+                     groups=h * d)
     att = att + local.reshape(b, h, d, n).transpose(-1, -2)
     ref = layer.proj(att.transpose(1, 2).reshape(b, n, h * d))
     torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-9)

@@ -32,7 +32,7 @@ def fingerprint(name: str) -> dict:
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         y = model(x).double()
-    return {"size": size, "params": sum(p.numel() for p in model.parameters()),
+    return {"size": size, "params": sum(p.numel() for p in model.parameters()), "numel": y.numel(),
             "sum": float(y.sum()), "abs_sum": float(y.abs().sum()), "head": y.flatten()[:6].tolist()}
 
 
@@ -42,10 +42,15 @@ def test_model_output_is_unchanged(name):
     assert name in saved, f"no fingerprint for {name}: run python tests/models/test_fingerprints.py --update"
     ref, now = saved[name], fingerprint(name)
     assert now["size"] == ref["size"] and now["params"] == ref["params"]
-    # fp32 forward on other machines / thread counts: reductions in another order, ~1e-6 relative
-    for key in ("sum", "abs_sum"):
-        assert now[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-4), key
-    assert now["head"] == pytest.approx(ref["head"], rel=1e-4, abs=1e-5)
+    # fp32 forward with other reduction orders (threads, the C kernels or their PyTorch fallbacks
+    # after another test forced one): ~1e-6 relative per layer, amplified through 20+ blocks and
+    # Newton–Schulz (observed: 3e-7 of the absolute sum in laplacianformer_small); the sum of logits
+    # cancels, so it is compared on the scale of the absolute sum. A changed model moves these by
+    # orders of magnitude more.
+    scale = ref["abs_sum"] / ref["numel"]
+    assert now["abs_sum"] == pytest.approx(ref["abs_sum"], rel=1e-4)
+    assert abs(now["sum"] - ref["sum"]) <= 1e-5 * ref["abs_sum"]
+    assert now["head"] == pytest.approx(ref["head"], rel=1e-4, abs=1e-4 * scale)
 
 
 if __name__ == "__main__" and "--update" in sys.argv:

@@ -15,7 +15,7 @@ from vitmix.models.pyramid import (
 SIZES = ("tiny", "small", "medium", "large", "huge")
 # official registrations (fudan-zvg/SOFT); soft_small as registered (depths 1/3/20/4), not the README's 24M
 OFFICIAL_PARAMS = {"tiny": 13.07e6, "small": 38.86e6, "medium": 45.8e6, "large": 64.7e6, "huge": 87.1e6}
-LAPLACIAN_PARAMS = {"tiny": 13.30e6, "small": 40.77e6, "medium": 48.04e6, "large": 68.58e6, "huge": 81.00e6}
+LAPLACIAN_PARAMS = {"tiny": 13.33e6, "small": 40.86e6, "medium": 48.16e6, "large": 68.74e6, "huge": 81.17e6}
 
 
 def _n_params(name, **kwargs):

@@ -22,9 +22,9 @@ documented in ``docs/soft-laplacianformer.md``:
   (``norm_scale="tokens"``) the whitened part is divided by N so the map is an average plus a
   contrast term (``"none"``: the formula as reconstructed, which trains poorly; see the docs).
   ``normalize=False`` is the un-normalised ablation;
-* a **local depthwise convolution** on ``V`` (not public): default SOFT's per-head ``3×3`` filter
-  shared by the head's channels (``conv_groups="head"``, the form that learned fastest); ``"channel"``
-  gives a per-channel depthwise conv with bias as in PVT-style re-implementations;
+* a **local depthwise convolution** on ``V`` (not public): default per-channel ``3×3`` with bias
+  (``conv_groups="channel"``, as PVT-style re-implementations); ``"head"`` gives SOFT's per-head
+  filter shared by the head's channels (faster early on digits, weaker on Fashion-MNIST with 2 heads);
   ``conv_kernel=0`` disables it;
 * optional 2-D axial **RoPE** on the grid queries and keys (``rope=True``), reported by secondary
   sources for the paper's backbone.
@@ -114,10 +114,10 @@ class LaplacianAttention(TokenMixer):
             ``α = 1.8/‖W‖∞²``, which can diverge for tiny kernel values).
         inverse: ``"newton"`` (default) or ``"exact"`` (linear solve; analysis).
         conv_kernel: local depthwise conv size on ``V`` (default 3; 0/None disables).
-        conv_groups: ``"head"`` (default: SOFT's per-head filter shared across the head's channels,
-            no bias; its gradient sums over the head's channels, so the local prior is learnt in the
-            first epochs — the digits curves in ``docs/soft-laplacianformer.md``) or ``"channel"``
-            (per-channel depthwise with bias, as PVT-style re-implementations).
+        conv_groups: ``"channel"`` (default: per-channel depthwise with bias, as PVT-style
+            re-implementations) or ``"head"`` (SOFT's per-head filter shared across the head's
+            channels, no bias: learns the local prior sooner on digits but has only one filter per
+            head; see the learning study in ``docs/soft-laplacianformer.md``).
         rope: apply 2-D axial RoPE to grid queries and keys (needs ``head_dim % 4 == 0``).
         rope_base: RoPE frequency base.
         grid_remainder: with ``num_landmarks=None``, ``"error"`` (default) or ``"floor"`` when the
@@ -155,7 +155,7 @@ class LaplacianAttention(TokenMixer):
         newton_alpha: str = "transpose",
         inverse: str = "newton",
         conv_kernel: Optional[int] = 3,
-        conv_groups: str = "head",
+        conv_groups: str = "channel",
         rope: bool = False,
         rope_base: float = 100.0,
         grid_remainder: str = "error",
