@@ -92,6 +92,43 @@ def test_mismatched_and_corrupt_checkpoints_are_clear_errors(run, tmp_path):
     torch.save({"evil": torch.nn.Linear(2, 2)}, bad_state)  # a pickled module: refused by weights_only
     with pytest.raises(ValueError, match="not a loadable training state"):
         load_state(bad_state)
+    # metadata without the image size (e.g. written by hand): named, one line, not a KeyError
+    from vitmix.train.checkpoint import save_weights
+
+    _, meta = load_weights(out / "best.safetensors")
+    no_size = tmp_path / "no_size.safetensors"
+    save_weights(wider, no_size, {k: v for k, v in meta.items() if k != "img_size"})
+    with pytest.raises(ValueError, match=r"img_size missing"):
+        evaluate_checkpoint(no_size)
+
+
+def test_a_nan_abort_can_be_resumed(tmp_path, monkeypatch):
+    """A run that stops on a non-finite loss keeps its last complete checkpoint and resumes from it
+    (here: the loss turns NaN in epoch 2 once, then the resumed run finishes)."""
+    from vitmix.train import engine
+
+    out = tmp_path / "nan"
+    cfg = dict(TINY, epochs=3, train_subset=128)
+    real = engine.Recipe.__init__
+    state = {"armed": True, "calls": 0}
+
+    def nan_loss_in_epoch_2(self, *a, **k):
+        real(self, *a, **k)
+        loss_fn = self.loss_fn
+
+        def loss(logits, targets):
+            state["calls"] += 1
+            value = loss_fn(logits, targets)
+            return value * float("nan") if state["armed"] and state["calls"] == 3 else value
+        self.loss_fn = loss
+
+    monkeypatch.setattr(engine.Recipe, "__init__", nan_loss_in_epoch_2)
+    with pytest.raises(FloatingPointError, match="loss became nan"):
+        train(TrainConfig(**cfg, out=str(out)), log=lambda *a: None)
+    assert load_state(out / "state.pt")["epoch"] == 1
+    state["armed"] = False
+    summary = train(TrainConfig(**cfg, out=str(out), resume=True), log=lambda *a: None)
+    assert summary["epochs_run"] == 3
 
 
 def test_config_file_and_flags_combine(tmp_path):
