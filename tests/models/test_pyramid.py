@@ -176,3 +176,18 @@ def test_official_checkpoint_keys_convert():
     converted = checkpoint_filter_fn(official, model)
     assert converted.keys() == sd.keys()
     assert all(torch.equal(converted[k], sd[k]) for k in sd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pos_embed_resize_is_bilinear_keeps_prefix_and_dtype(dtype):
+    import torch.nn.functional as F
+
+    from vitmix.models.pyramid import resize_pos_embed
+
+    pos = torch.randn(1, 1 + 7 * 7, 16).to(dtype)
+    out = resize_pos_embed(pos, (7, 7), (5, 9), prefix=1)
+    grid = F.interpolate(pos[:, 1:].reshape(1, 7, 7, 16).permute(0, 3, 1, 2).float(), size=(5, 9),
+                         mode="bilinear", align_corners=False)
+    assert out.dtype == dtype and out.shape == (1, 1 + 45, 16)
+    torch.testing.assert_close(out[:, 0], pos[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(out[:, 1:].float(), grid.permute(0, 2, 3, 1).reshape(1, 45, 16).to(dtype).float())

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
@@ -107,15 +107,12 @@ class PreNormBlock(nn.Module):
 
 
 def resize_pos_embed(pos: torch.Tensor, src_hw: Tuple[int, int], dst_hw: Tuple[int, int], prefix: int) -> torch.Tensor:
-    """Bilinearly resize ``pos (1, prefix + h*w, C)`` from grid ``src_hw`` to ``dst_hw`` (prefix kept)."""
+    """Bilinearly resize ``pos (1, prefix + h*w, C)`` from grid ``src_hw`` to ``dst_hw`` (prefix kept,
+    dtype kept): timm's ``resample_abs_pos_embed`` without antialiasing, as the official code."""
     if tuple(src_hw) == tuple(dst_hw):
         return pos
-    pre, grid = pos[:, :prefix], pos[:, prefix:]
-    c = grid.shape[-1]
-    grid = grid.reshape(1, src_hw[0], src_hw[1], c).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid.float(), size=tuple(dst_hw), mode="bilinear", align_corners=False).to(pos.dtype)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, dst_hw[0] * dst_hw[1], c)
-    return torch.cat([pre, grid], dim=1) if prefix else grid
+    return resample_abs_pos_embed(pos, list(dst_hw), list(src_hw), num_prefix_tokens=prefix,
+                                  interpolation="bilinear", antialias=False, align_corners=False)
 
 
 class PyramidStage(nn.Module):
