@@ -120,3 +120,17 @@ def test_bad_options_are_one_line_errors(name, bad):
     key = next(iter(bad))
     with pytest.raises(ValueError, match=key if key != "attn_drop" else "attn_drop"):
         mixers.create(name, 64, 4, **bad)
+
+
+def test_performer_redraw_counter_survives_a_state_dict_round_trip():
+    """The counter lives in a buffer (checkpoints) and is read back after load_state_dict."""
+    a = mixers.create("performer", 32, 2, redraw_interval=3).train()
+    x = torch.randn(1, 10, 32)
+    a(x), a(x)
+    b = mixers.create("performer", 32, 2, redraw_interval=3).train()
+    b.load_state_dict(a.state_dict())
+    first = b.directions.clone()
+    b(x)
+    assert torch.equal(b.directions, first) and int(b.forwards_since_draw) == 3
+    b(x)                                  # the fourth forward since the draw redraws
+    assert not torch.equal(b.directions, first) and int(b.forwards_since_draw) == 1

@@ -309,6 +309,9 @@ def test_tensorboard_logs_every_epoch_metric_or_says_what_to_install(tmp_path, m
         def flush(self):
             pass
 
+        def close(self):
+            pass
+
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

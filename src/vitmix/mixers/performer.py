@@ -85,19 +85,27 @@ class PerformerAttention(AttentionProjections, TokenMixer):
         self.num_features, self.redraw_interval, self.eps = int(m), redraw_interval, float(eps)
         self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, 0.0, proj_drop, norm_layer)
         self.register_buffer("directions", orthogonal_gaussian(self.num_features, d))
+        # the counter is a buffer (checkpoints, exact resume) read once into a Python int, so a
+        # training forward never waits on the device to decide whether to redraw
         self.register_buffer("forwards_since_draw", torch.zeros((), dtype=torch.long))
+        self._since_draw: Optional[int] = None
+        self.register_load_state_dict_post_hook(lambda module, keys: setattr(module, "_since_draw", None))
 
     @torch.no_grad()
     def redraw_features(self) -> None:
         """Draw new random directions (from torch's global generator)."""
         self.directions.copy_(orthogonal_gaussian(self.num_features, self.head_dim).to(self.directions))
         self.forwards_since_draw.zero_()
+        self._since_draw = 0
 
     def mix(self, x, grid=None, attn_mask=None, is_causal=False):
         if self.training and self.redraw_interval is not None:
-            if int(self.forwards_since_draw) >= self.redraw_interval:
+            if self._since_draw is None:
+                self._since_draw = int(self.forwards_since_draw)
+            if self._since_draw >= self.redraw_interval:
                 self.redraw_features()
-            self.forwards_since_draw += 1
+            self._since_draw += 1
+            self.forwards_since_draw.fill_(self._since_draw)
         q, k, v = self._qkv(x)
         with torch.autocast(q.device.type, enabled=False):
             dt = torch.promote_types(q.dtype, torch.float32)

@@ -292,6 +292,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
             f"{metrics['images_per_s']:.0f} img/s")
         if cfg.max_steps is not None and step >= cfg.max_steps:
             break
+    if board is not None:
+        board.close()
     return _finish(cfg, run_dir, history, n_params, step, time.perf_counter() - t0, info.is_main, log)
 
 
