@@ -16,27 +16,28 @@ patch tokens, Fibottention offsets of layer 0 (default variant, w_min = 5, w_max
   ``fibottention`` mixer (sparse and official modes) vs the ``softmax`` mixer (SDPA).
 
 Times are medians of ``torch.utils.benchmark`` measurements with ``num_threads =
-torch.get_num_threads()``. Dense runs that would take many seconds are timed a few single times;
-runs that need more memory than the machine has are skipped and marked so.
+torch.get_num_threads()`` (:func:`vitmix.bench.timing.time_call`). Dense runs that would take many
+seconds are timed a few single times; runs that need more memory than the machine has are skipped
+and marked so.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils import benchmark
 
 from vitmix import mixers
+from vitmix._util import markdown_table, write_csv
+from vitmix.bench.env import cpu_model
+from vitmix.bench.memory import peak_memory
+from vitmix.bench.timing import time_call
 from vitmix.ops import sparse_diagonal as sd
 from vitmix.ops.fibonacci import fibonacci_offsets
 
@@ -46,42 +47,23 @@ HEADS, HEAD_DIM, PREFIX = 12, 64, 1
 
 # ------------------------------------------------------------------------------------ helpers
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
             "c_kernel": sd.kernel_available(), "load_average_start": os.getloadavg()}
 
 
 def timeit(fn, min_run_time: float = 1.0) -> float:
-    """Median seconds of ``fn()``; slow functions (> 1 s) are timed 3 (> 5 s: 1) single times."""
-    timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    t0 = time.perf_counter()
-    fn()  # warm-up (also compiles the kernel, builds the offset cache)
-    first = time.perf_counter() - t0
-    if first > 1.0:
-        runs = 1 if first > 5.0 else 3
-        return statistics.median(timer.timeit(1).median for _ in range(runs))
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+    """Median seconds of ``fn()`` after a warm-up call (which also compiles the kernel and builds the
+    offset cache), by :func:`vitmix.bench.timing.time_call`: calls over ``min_run_time / 3`` are timed
+    3 single times, stopping after 5 s of them (so a call of many seconds is timed once)."""
+    return time_call(fn, min_run_time=min_run_time, min_samples=3, max_seconds=5.0).median_s
 
 
 def peak_mib(fn) -> float:
-    """Peak tensor memory (MiB) while ``fn()`` runs, from ``MemTracker`` (all devices)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
+    """Peak tensor memory (MiB) while ``fn()`` runs, from :func:`vitmix.bench.memory.peak_memory`
+    (``MemTracker``, all devices; tensors made before the call are not counted)."""
     gc.collect()
-    tracker = MemTracker()
-    with tracker:
-        fn()
-    snap = tracker.get_tracker_snapshot("peak")
-    return sum(int(s["Total"]) for s in snap.values()) / 2**20
+    return peak_memory(fn, "cpu").peak_bytes / 2**20
 
 
 def dense_fits(n_tokens: int, copies: int) -> bool:
@@ -251,12 +233,15 @@ def write(rows, info, checks, prof, command, out: Path):
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"machine": info, "command": command, "rows": rows,
                                                       "goals": checks}, indent=2))
-    with open(out / "results.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["level", "N", "method", "fwd_ms", "fwd_bwd_ms", "peak_fwd_bwd_mib"])
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "results.csv", rows, ["level", "N", "method", "fwd_ms", "fwd_bwd_ms", "peak_fwd_bwd_mib"])
     if prof:  # only a run that includes N = 4096 has a profile
         (out / "profile_layer_4096.txt").write_text(prof)
+    (out / "README.md").write_text(report(rows, info, checks, command))
+    plot(rows, info, out / "op_time.png")
+
+
+def report(rows, info, checks, command) -> str:
+    """The markdown of ``README.md``: machine, goals, then the op and layer tables."""
     lines = ["# Fibottention benchmark", "",
              f"Command: `{command}`", "",
              f"Machine: {info['cpu']}, {info['logical_cpus']} logical CPUs, torch {info['torch']} with "
@@ -267,51 +252,51 @@ def write(rows, info, checks, prof, command, out: Path):
              "Medians of `torch.utils.benchmark`; forward under `no_grad`; peak = tensor memory of forward + "
              "backward (inputs and gradients included) from `MemTracker`. — = not run (too slow or too much "
              "memory for this machine).", "",
-             "## Goals (issue 4)", "", "| goal | measured | target | met |", "|---|---|---|---|"]
-    for c in checks:
-        tgt = "—" if c["target"] == 0 else (f"≤ {c['target']:.3f}" if c["target"] < 1 else f"≥ {c['target']}×")
-        met = "—" if c["met"] is None or c["target"] == 0 else ("yes" if c["met"] else "**no**")
-        val = _fmt(c["measured"], 3 if (c["measured"] or 0) < 1 else 1)
-        lines.append(f"| {c['goal']} | {val} | {tgt} | {met} |")
+             "## Goals (issue 4)", "", markdown_table(["goal", "measured", "target", "met"], map(_goal_cells, checks))]
     for level in ("op", "layer"):
-        lines += ["", f"## {'Op level (q, k, v → out)' if level == 'op' else 'Layer level (whole mixer)'}", "",
-                  "| N | method | fwd ms | fwd+bwd ms | peak fwd+bwd MiB | fwd speed-up vs SDPA |",
-                  "|---|---|---|---|---|---|"]
         dense = "SDPA (dense)" if level == "op" else "softmax (SDPA)"
-        for r in rows:
-            if r["level"] != level:
-                continue
-            sp = _ratio(_get(rows, level, r["N"], dense, "fwd_ms"), r["fwd_ms"])
-            lines.append(f"| {r['N']} | {r['method']} | {_fmt(r['fwd_ms'])} | {_fmt(r['fwd_bwd_ms'])} | "
-                         f"{_fmt(r['peak_fwd_bwd_mib'], 1)} | {_fmt(sp, 1)}× |")
+        cells = [[r["N"], r["method"], _fmt(r["fwd_ms"]), _fmt(r["fwd_bwd_ms"]), _fmt(r["peak_fwd_bwd_mib"], 1),
+                  f"{_fmt(_ratio(_get(rows, level, r['N'], dense, 'fwd_ms'), r['fwd_ms']), 1)}×"]
+                 for r in rows if r["level"] == level]
+        lines += ["", f"## {'Op level (q, k, v → out)' if level == 'op' else 'Layer level (whole mixer)'}", "",
+                  markdown_table(["N", "method", "fwd ms", "fwd+bwd ms", "peak fwd+bwd MiB", "fwd speed-up vs SDPA"],
+                                 cells)]
     lines += ["", "Profile of one forward + backward of the sparse mixer layer at N = 4096: "
               "[profile_layer_4096.txt](profile_layer_4096.txt).", ""]
-    (out / "README.md").write_text("\n".join(lines))
+    return "\n".join(lines)
+
+
+def _goal_cells(c: dict) -> list:
+    tgt = "—" if c["target"] == 0 else (f"≤ {c['target']:.3f}" if c["target"] < 1 else f"≥ {c['target']}×")
+    met = "—" if c["met"] is None or c["target"] == 0 else ("yes" if c["met"] else "**no**")
+    return [c["goal"], _fmt(c["measured"], 3 if (c["measured"] or 0) < 1 else 1), tgt, met]
+
+
+def plot(rows, info, path: Path) -> None:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, key, title in ((axes[0], "fwd_ms", "op forward"), (axes[1], "fwd_bwd_ms", "op forward + backward")):
-            for method in dict.fromkeys(r["method"] for r in rows if r["level"] == "op"):
-                pts = [(r["N"], r[key]) for r in rows if r["level"] == "op" and r["method"] == method and r[key]]
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=method)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("patch tokens N")
-            ax.set_ylabel("ms (median)")
-            ax.set_title(title)
-            ax.grid(True, which="both", alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"Fibottention vs SDPA, 12 heads × 64, batch 1 — {info['cpu']}, {info['torch_threads']} threads",
-                     fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "op_time.png", dpi=120)
     except ImportError:  # pragma: no cover - matplotlib is optional
-        pass
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in ((axes[0], "fwd_ms", "op forward"), (axes[1], "fwd_bwd_ms", "op forward + backward")):
+        for method in dict.fromkeys(r["method"] for r in rows if r["level"] == "op"):
+            pts = [(r["N"], r[key]) for r in rows if r["level"] == "op" and r["method"] == method and r[key]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=method)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("patch tokens N")
+        ax.set_ylabel("ms (median)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Fibottention vs SDPA, 12 heads × 64, batch 1 — {info['cpu']}, {info['torch_threads']} threads",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main(argv=None):

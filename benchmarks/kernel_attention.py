@@ -2,8 +2,8 @@
 
 Issue 3 item 8, first level (the op alone: q, k, v -> output, no projections). Batch 1, 6 heads of
 64 (dim 384), N in {1024, 4096, 16384} tokens on a square grid. For each op: forward time,
-forward+backward time (median, ``torch.utils.benchmark``) and peak tensor memory of
-forward+backward (``MemTracker``, inputs excluded).
+forward+backward time (median, :func:`vitmix.bench.timing.time_call`) and peak tensor memory of
+forward+backward (:func:`vitmix.bench.memory.peak_memory`: ``MemTracker``, inputs excluded).
 
 * ``laplacian``: ``vitmix.ops.nystrom_attention(kernel="laplacian", lam=4, normalization="injective",
   iters=20)`` with separate q and k, landmarks = adaptive average pooling of q and k to 7×7 (m = 49),
@@ -18,24 +18,26 @@ Writes ``benchmarks/results/kernel_attention/{results.md,results.csv,results.jso
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils import benchmark
 
+from vitmix._util import markdown_table, write_csv
+from vitmix.bench.env import cpu_model
+from vitmix.bench.memory import peak_memory
+from vitmix.bench.report import loglog_panels
+from vitmix.bench.timing import time_call
 from vitmix.ops import avg_pool_landmarks, nystrom_attention
 
 HEADS, HEAD_DIM, M_SIDE = 6, 64, 7
 OUT_DIR = Path(__file__).resolve().parent / "results" / "kernel_attention"
+PANELS = [("fwd_bwd_ms", "forward+backward (ms)", "time"), ("peak_mib", "peak memory (MiB)", "memory (fwd+bwd)")]
 
 
 def pooled_landmarks(x: torch.Tensor, side: int) -> torch.Tensor:
@@ -82,41 +84,23 @@ def fwd(op, q, k, v):
 
 
 def time_it(fn, min_run_time: float, repeats: int) -> float:
-    """Median seconds per call; long calls are timed ``repeats`` times one by one."""
-    t0 = time.perf_counter()
-    fn()  # warm-up (and compilation of fused kernels)
-    first = time.perf_counter() - t0
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    if first > min_run_time / 3:
-        return statistics.median(timer.timeit(1).median for _ in range(repeats))
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+    """Median seconds per call (:func:`vitmix.bench.timing.time_call`: one warm-up call, which also
+    compiles fused kernels; calls longer than ``min_run_time / repeats`` are timed ``repeats`` times one by one)."""
+    return time_call(fn, min_run_time=min_run_time, min_samples=repeats).median_s
 
 
 def peak_mib(fn) -> float:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
-    with tracker:
-        fn()
-    snap = tracker.get_tracker_snapshot("peak")
-    return sum(int(s["Total"]) for s in snap.values()) / 2**20
+    """Peak tensor memory of ``fn()`` (:func:`vitmix.bench.memory.peak_memory`, MemTracker; inputs not counted)."""
+    return peak_memory(fn, "cpu").peak_bytes / 2**20
 
 
 def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
             "c_kernel_disabled": bool(os.environ.get("VITMIX_DISABLE_C_KERNEL"))}
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
@@ -128,48 +112,50 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     full = (args.sizes == [1024, 4096, 16384] and args.ops == list(OPS) and args.min_run_time == 1.0
             and args.repeats == 3)
-    args.out = args.out or (OUT_DIR if full else Path("runs/kernel_attention-partial"))  # never a partial over committed
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # a partial run never replaces the committed results
+    args.out = args.out or (OUT_DIR if full else Path("runs/kernel_attention-partial"))
     for n in args.sizes:
         if math.isqrt(n) ** 2 != n or n < M_SIDE ** 2:
             ap.error(f"N={n}: need a square number >= {M_SIDE ** 2} (the tokens form a square grid)")
+    return args
 
-    info = machine()
-    print(f"# machine: {info}", flush=True)
+
+def measure(args) -> list:
+    """A row per (N, op): forward and forward+backward medians and the peak memory of forward+backward,
+    with the speed-ups against SDPA at the same N."""
     rows = []
     for n in args.sizes:
-        q, k, v = make_inputs(n)
+        inputs = make_inputs(n)
         for name in args.ops:
-            op = OPS[name]
-            t_f = time_it(lambda: fwd(op, q, k, v), args.min_run_time, args.repeats)
-            t_fb = time_it(lambda: fwd_bwd(op, q, k, v), args.min_run_time, args.repeats)
-            mem = peak_mib(lambda: fwd_bwd(op, q, k, v))
-            rows.append({"op": name, "N": n, "fwd_ms": t_f * 1e3, "fwd_bwd_ms": t_fb * 1e3, "peak_mib": mem})
-            print(f"N={n:6d} {name:10s} fwd {t_f * 1e3:10.2f} ms  fwd+bwd {t_fb * 1e3:10.2f} ms  "
-                  f"peak {mem:9.1f} MiB", flush=True)
-
+            rows.append(measure_op(name, inputs, args.min_run_time, args.repeats))
     sdpa = {(r["N"]): r for r in rows if r["op"] == "sdpa"}
     for r in rows:
         base = sdpa.get(r["N"])
         r["speedup_fwd_vs_sdpa"] = base["fwd_ms"] / r["fwd_ms"] if base else None
         r["speedup_fwd_bwd_vs_sdpa"] = base["fwd_bwd_ms"] / r["fwd_bwd_ms"] if base else None
+    return rows
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    cmd = "python benchmarks/kernel_attention.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    with open(args.out / "results.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
-    (args.out / "results.json").write_text(json.dumps({"machine": info, "command": cmd.strip(), "rows": rows}, indent=2))
 
+def measure_op(name: str, inputs, min_run_time: float, repeats: int) -> dict:
+    op, (q, k, v) = OPS[name], inputs
+    t_f = time_it(lambda: fwd(op, q, k, v), min_run_time, repeats)
+    t_fb = time_it(lambda: fwd_bwd(op, q, k, v), min_run_time, repeats)
+    mem = peak_mib(lambda: fwd_bwd(op, q, k, v))
+    n = q.shape[-2]
+    print(f"N={n:6d} {name:10s} fwd {t_f * 1e3:10.2f} ms  fwd+bwd {t_fb * 1e3:10.2f} ms  "
+          f"peak {mem:9.1f} MiB", flush=True)
+    return {"op": name, "N": n, "fwd_ms": t_f * 1e3, "fwd_bwd_ms": t_fb * 1e3, "peak_mib": mem}
+
+
+def report(rows, info: dict, cmd: str) -> str:
+    """The markdown of ``results.md``."""
     def fmt(x, spec):
         return "–" if x is None else format(x, spec)
 
     lines = [
         "# Token-mixing op: Laplacian / Gaussian Nyström vs softmax SDPA",
         "",
-        f"Command: `{cmd.strip()}`  ",
+        f"Command: `{cmd}`  ",
         f"Machine: {info['cpu']}, {info['logical_cpus']} logical CPUs, {info['threads']} torch threads, "
         f"torch {info['torch']}, Python {info['python']}.  ",
         f"Batch 1, {HEADS} heads × {HEAD_DIM}, m = {M_SIDE * M_SIDE} pooled landmarks, 20 Newton–Schulz "
@@ -180,38 +166,32 @@ def main(argv=None) -> int:
         f"1-minute load average when the table was written: {os.getloadavg()[0]:.1f} (above ~1 on 2 cores, other "
         "jobs were running and absolute times are noisy; ratios are measured within one run).",
         "",
-        "| op | N | fwd (ms) | fwd+bwd (ms) | peak fwd+bwd (MiB) | fwd speed-up vs SDPA | fwd+bwd speed-up vs SDPA |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['op']} | {r['N']} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | {r['peak_mib']:.1f} | "
-            f"{fmt(r['speedup_fwd_vs_sdpa'], '.1f')}× | {fmt(r['speedup_fwd_bwd_vs_sdpa'], '.1f')}× |"
-        )
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    header = ["op", "N", "fwd (ms)", "fwd+bwd (ms)", "peak fwd+bwd (MiB)", "fwd speed-up vs SDPA",
+              "fwd+bwd speed-up vs SDPA"]
+    cells = [[r["op"], r["N"], f"{r['fwd_ms']:.2f}", f"{r['fwd_bwd_ms']:.2f}", f"{r['peak_mib']:.1f}",
+              f"{fmt(r['speedup_fwd_vs_sdpa'], '.1f')}×", f"{fmt(r['speedup_fwd_bwd_vs_sdpa'], '.1f')}×"]
+             for r in rows]
+    return "\n".join(lines + [markdown_table(header, cells, align="lrrrrrr")])
 
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for name in args.ops:
-            sel = [r for r in rows if r["op"] == name]
-            axes[0].loglog([r["N"] for r in sel], [r["fwd_bwd_ms"] for r in sel], "o-", label=name)
-            axes[1].loglog([r["N"] for r in sel], [r["peak_mib"] for r in sel], "o-", label=name)
-        axes[0].set(xlabel="tokens N", ylabel="forward+backward (ms)", title="time")
-        axes[1].set(xlabel="tokens N", ylabel="peak memory (MiB)", title="memory (fwd+bwd)")
-        for ax in axes:
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend()
-        fig.suptitle(f"token-mixing op, B=1, {HEADS}×{HEAD_DIM}, {info['cpu']}, {info['threads']} threads", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(args.out / "kernel_attention.png", dpi=120)
-    except ImportError:  # pragma: no cover
-        pass
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    info = machine()
+    print(f"# machine: {info}", flush=True)
+    rows = measure(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cmd = ("python benchmarks/kernel_attention.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    write_csv(args.out / "results.csv", rows)
+    (args.out / "results.json").write_text(json.dumps({"machine": info, "command": cmd, "rows": rows}, indent=2))
+    text = report(rows, info, cmd)
+    (args.out / "results.md").write_text(text + "\n")
+    print(text)
+    loglog_panels(rows, "op", args.ops, "N", "tokens N", PANELS,
+                  f"token-mixing op, B=1, {HEADS}×{HEAD_DIM}, {info['cpu']}, {info['threads']} threads",
+                  args.out / "kernel_attention.png")
     return 0
 
 

@@ -32,6 +32,7 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 
 import vitmix
+from vitmix._util import markdown_table
 from vitmix.bench.env import environment
 from vitmix.data import build_datasets, build_loaders
 from vitmix.mixers import TokenMixer
@@ -101,8 +102,9 @@ def diagnose(mixer: str, options: dict, epochs: int, cfg: TrainConfig) -> list:
                                 in_chans=info.in_chans, img_size=cfg.img_size)
     opt = create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps = len(loader)
-    sched = CosineLRScheduler(opt, t_initial=steps * cfg.epochs, lr_min=cfg.min_lr, warmup_t=int(cfg.warmup_epochs * steps),
-                              warmup_lr_init=cfg.lr * 0.01, warmup_prefix=True, t_in_epochs=False)
+    sched = CosineLRScheduler(opt, t_initial=steps * cfg.epochs, lr_min=cfg.min_lr,
+                              warmup_t=int(cfg.warmup_epochs * steps), warmup_lr_init=cfg.lr * 0.01,
+                              warmup_prefix=True, t_in_epochs=False)
     loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing)
     probe_x, probe_y = next(iter(loader))
     rows, step = [], 0
@@ -139,12 +141,10 @@ def write(rows, out: Path, env: dict, cmd: str) -> None:
             "kernel_cv", "newton_residual"]
     lines = ["# Learning diagnostics (demo recipe, one fixed training batch)", "", f"Command: `{cmd}`  ",
              f"{env['cpu']}, torch {env['torch']}, {env['date_utc']}. Gradient norms before clipping (clip 1.0); "
-             "entropy of each query's attention row in nats (uniform over 65 keys = 4.17).", "",
-             "| mixer | options | epoch | " + " | ".join(keys) + " |", "|---" * (len(keys) + 3) + "|"]
-    for r in rows:
-        vals = " | ".join("–" if r.get(k) is None else f"{r[k]:.3g}" for k in keys)
-        opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "defaults"
-        lines.append(f"| {r['mixer']} | {opts} | {r['epoch']} | {vals} |")
+             "entropy of each query's attention row in nats (uniform over 65 keys = 4.17).", ""]
+    cells = [[r["mixer"], ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "defaults", r["epoch"]]
+             + ["–" if r.get(k) is None else f"{r[k]:.3g}" for k in keys] for r in rows]
+    lines.append(markdown_table(["mixer", "options", "epoch"] + keys, cells))
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

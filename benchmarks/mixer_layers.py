@@ -2,9 +2,10 @@
 
 Issue 3 item 8, second level: what a model sees, projections included. Batch 1, dim 384, 6 heads
 (head dim 64), N in {1024, 4096, 16384} tokens on a square grid (32², 64², 128²). For each layer:
-forward time, forward+backward time (medians, ``torch.utils.benchmark`` with
-``num_threads=torch.get_num_threads()``) and the peak tensor memory of forward+backward
-(``MemTracker``; parameters and the input included, since they are part of the layer's cost).
+forward time, forward+backward time (medians, :func:`vitmix.bench.timing.time_call`:
+``torch.utils.benchmark`` with ``num_threads=torch.get_num_threads()``) and the peak tensor memory of
+forward+backward (:func:`vitmix.bench.memory.peak_memory`: ``MemTracker``; parameters and the input
+included, since they are part of the layer's cost).
 
 * ``laplacian``: ``vitmix.mixers.create("laplacian", 384, 6, qkv_bias=True, num_landmarks=49)``
   (λ = 4, injective normalisation, 20 Newton–Schulz iterations, 3×3 depthwise conv on V);
@@ -27,20 +28,21 @@ Writes ``benchmarks/results/mixer_layers/{results.md,results.csv,results.json,mi
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-from torch.utils import benchmark
 
 from vitmix import mixers
+from vitmix._util import markdown_table, write_csv
+from vitmix.bench.env import cpu_model
+from vitmix.bench.memory import peak_memory
+from vitmix.bench.report import loglog_panels
+from vitmix.bench.timing import time_call
 
 DIM, HEADS, M = 384, 6, 49
 LAYERS = {
@@ -49,41 +51,25 @@ LAYERS = {
     "softmax": dict(),
 }
 OUT_DIR = Path(__file__).resolve().parent / "results" / "mixer_layers"
+PANELS = [("fwd_bwd_ms", "forward+backward (ms)", "time"), ("peak_mib", "peak memory (MiB)", "memory (fwd+bwd)")]
 
 
 def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
             "c_kernel_disabled": bool(os.environ.get("VITMIX_DISABLE_C_KERNEL"))}
 
 
 def median_time(fn, min_run_time: float, repeats: int) -> float:
-    """Median seconds per call (after one warm-up call, which also compiles fused kernels)."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    if first > min_run_time / 3:  # long calls: time them one by one
-        return statistics.median(timer.timeit(1).median for _ in range(repeats))
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+    """Median seconds per call (:func:`vitmix.bench.timing.time_call`: one warm-up call, which also
+    compiles fused kernels; calls longer than ``min_run_time / repeats`` are timed one by one)."""
+    return time_call(fn, min_run_time=min_run_time, min_samples=repeats).median_s
 
 
 def peak_mib(fn) -> float:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
-    with tracker:
-        fn()
-    snap = tracker.get_tracker_snapshot("peak")
-    return sum(int(s["Total"]) for s in snap.values()) / 2**20
+    """Peak tensor memory of ``fn()`` (:func:`vitmix.bench.memory.peak_memory`, MemTracker): everything
+    the call touches, parameters and input included (nothing is registered as existing before it)."""
+    return peak_memory(fn, "cpu").peak_bytes / 2**20
 
 
 def bench_layers(args, info) -> list:
@@ -122,12 +108,18 @@ def bench_layers(args, info) -> list:
 def write_layer_results(rows, args, info, cmd) -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
+    write_csv(out / "results.csv", rows)
     (out / "results.json").write_text(json.dumps({"machine": info, "command": cmd, "rows": rows}, indent=2))
+    text = layer_report(rows, info, cmd)
+    (out / "results.md").write_text(text + "\n")
+    print(text)
+    loglog_panels(rows, "layer", args.layers, "N", "tokens N", PANELS,
+                  f"mixer layers, B=1, dim {DIM}, {HEADS} heads, {info['cpu']}, {info['threads']} threads",
+                  out / "mixer_layers.png")
 
+
+def layer_report(rows, info: dict, cmd: str) -> str:
+    """The markdown of ``results.md``."""
     def fmt(v):
         return "–" if v is None else f"{v:.1f}×"
 
@@ -144,38 +136,12 @@ def write_layer_results(rows, args, info, cmd) -> None:
         f"{os.getloadavg()[0]:.1f} (above ~1 on 2 cores, other jobs were running and absolute times are noisy); "
         "ratios are measured within one run.",
         "",
-        "| layer | N | fwd (ms) | fwd+bwd (ms) | peak fwd+bwd (MiB) | fwd speed-up vs softmax | "
-        "fwd+bwd speed-up vs softmax |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        lines.append(f"| {r['layer']} | {r['N']} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | "
-                     f"{r['peak_mib']:.1f} | {fmt(r['speedup_fwd_vs_softmax'])} | "
-                     f"{fmt(r['speedup_fwd_bwd_vs_softmax'])} |")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for name in args.layers:
-            sel = [r for r in rows if r["layer"] == name]
-            axes[0].loglog([r["N"] for r in sel], [r["fwd_bwd_ms"] for r in sel], "o-", label=name)
-            axes[1].loglog([r["N"] for r in sel], [r["peak_mib"] for r in sel], "o-", label=name)
-        axes[0].set(xlabel="tokens N", ylabel="forward+backward (ms)", title="time")
-        axes[1].set(xlabel="tokens N", ylabel="peak memory (MiB)", title="memory (fwd+bwd)")
-        for ax in axes:
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend()
-        fig.suptitle(f"mixer layers, B=1, dim {DIM}, {HEADS} heads, {info['cpu']}, {info['threads']} threads",
-                     fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "mixer_layers.png", dpi=120)
-    except ImportError:  # pragma: no cover
-        pass
+    header = ["layer", "N", "fwd (ms)", "fwd+bwd (ms)", "peak fwd+bwd (MiB)", "fwd speed-up vs softmax",
+              "fwd+bwd speed-up vs softmax"]
+    cells = [[r["layer"], r["N"], f"{r['fwd_ms']:.2f}", f"{r['fwd_bwd_ms']:.2f}", f"{r['peak_mib']:.1f}",
+              fmt(r["speedup_fwd_vs_softmax"]), fmt(r["speedup_fwd_bwd_vs_softmax"])] for r in rows]
+    return "\n".join(lines + [markdown_table(header, cells, align="lrrrrrr")])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,12 +201,11 @@ def macs_table(args, info, cmd) -> None:
         "cdist/fused loops are not counted). 'without NS' drops the 20 Newton–Schulz iterations "
         "(2·m³ per iteration and head); SOFT's README numbers are reproduced by that column.",
         "",
-        "| model | params (M) | G MACs | G MACs without NS | of which L1 |",
-        "|---|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['params_m']:.2f} | {r['gmacs']:.2f} | {r['gmacs_without_newton']:.2f} | "
-                     f"{r['l1_gmacs']:.2f} |")
+    cells = [[r["model"], f"{r['params_m']:.2f}", f"{r['gmacs']:.2f}", f"{r['gmacs_without_newton']:.2f}",
+              f"{r['l1_gmacs']:.2f}"] for r in rows]
+    lines.append(markdown_table(["model", "params (M)", "G MACs", "G MACs without NS", "of which L1"], cells,
+                                align="lrrrr"))
     (out / "macs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from vitmix import mixers
+from vitmix._util import markdown_table
 from vitmix.bench.env import environment
 from vitmix.bench.timing import time_call
 
@@ -137,21 +138,18 @@ def write(rows, calls, env, out: Path, cmd: str) -> None:
         f"dim {DIM}, {HEADS} heads, qkv_bias, default options (m = 49 landmarks at N ≥ 196, 16 on 8×8); "
         "forward+backward medians; floor = qkv + output linears on the same input.",
         "",
-        "| batch | N | floor (ms) | laplacian (ms) | × floor | × softmax | soft (ms) | × floor | × softmax | "
-        "softmax (ms) | × floor |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['batch']} | {r['N']} | {r['floor_ms']:.1f} | {r['laplacian_ms']:.1f} | "
-            f"{r['laplacian_vs_floor']:.2f} | {r['laplacian_vs_softmax']:.2f} | {r['soft_ms']:.1f} | "
-            f"{r['soft_vs_floor']:.2f} | {r['soft_vs_softmax']:.2f} | {r['softmax_ms']:.1f} | "
-            f"{r['softmax_vs_floor']:.2f} |")
+    header = ["batch", "N", "floor (ms)", "laplacian (ms)", "× floor", "× softmax", "soft (ms)", "× floor",
+              "× softmax", "softmax (ms)", "× floor"]
+    cells = [[r["batch"], r["N"], f"{r['floor_ms']:.1f}", f"{r['laplacian_ms']:.1f}", f"{r['laplacian_vs_floor']:.2f}",
+              f"{r['laplacian_vs_softmax']:.2f}", f"{r['soft_ms']:.1f}", f"{r['soft_vs_floor']:.2f}",
+              f"{r['soft_vs_softmax']:.2f}", f"{r['softmax_ms']:.1f}", f"{r['softmax_vs_floor']:.2f}"] for r in rows]
+    lines.append(markdown_table(header, cells, align="r" * len(header)))
     if calls:
+        cells = [[label.replace("_", " "), f"{t[0]:.2f}", f"{t[1]:.2f}", f"{t[2]:.2f}", f"{t[0] / t[1]:.2f}"]
+                 for label, t in calls.items()]
         lines += ["", "First fwd+bwd calls of `laplacianformer_tiny` at 224², batch 1, fresh process (seconds):", "",
-                  "| kernel cache | 1st | 2nd | 3rd | 1st / 2nd |", "|---|---:|---:|---:|---:|"]
-        for label, t in calls.items():
-            lines.append(f"| {label.replace('_', ' ')} | {t[0]:.2f} | {t[1]:.2f} | {t[2]:.2f} | {t[0] / t[1]:.2f} |")
+                  markdown_table(["kernel cache", "1st", "2nd", "3rd", "1st / 2nd"], cells, align="lrrrr")]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -12,11 +12,11 @@ What is measured, per (model, size), each in a fresh worker process:
 
 * **throughput** — images/s of ``model(x)`` under ``torch.no_grad()`` in eval mode, float32, batch
   ``--batch``; median over ``torch.utils.benchmark.Timer(...).timeit(1)`` runs with
-  ``num_threads=torch.get_num_threads()``. A warm-up forward runs first; when it alone takes longer
-  than ``--long-s`` seconds it is used as the (single) timing, otherwise up to ``--repeats`` timed
-  runs follow while they fit in ``--budget-s`` seconds.
-* **peak inference memory, RSS** — ``ru_maxrss`` after the first forward minus the resident set
-  size just before it (model and input already allocated): real bytes, including kernel scratch
+  ``num_threads=torch.get_num_threads()`` (:func:`vitmix.bench.timing.time_call`). A warm-up forward
+  runs first; when it alone takes ``--long-s`` seconds or longer it is used as the (single) timing,
+  otherwise up to ``--repeats`` timed runs follow while they fit in ``--budget-s`` seconds.
+* **peak inference memory, RSS** — ``ru_maxrss`` after the timed forwards minus the resident set
+  size just before them (model and input already allocated): real bytes, including kernel scratch
   buffers (e.g. fused SDPA's).
 * **peak memory, tensors** — ``torch.distributed._tools.mem_tracker.MemTracker`` run under
   ``FakeTensorMode`` (no arithmetic is done, so even configurations too large for this machine are
@@ -31,16 +31,16 @@ Results go to ``--out`` (default ``benchmarks/results/weightformer/``): ``result
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from vitmix._util import markdown_table, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "weightformer"
@@ -124,30 +124,22 @@ def _tensor_peaks(model, batch: int, size: int) -> dict:
 
 def worker(spec: dict) -> dict:
     import torch
-    from torch.utils import benchmark
+
+    from vitmix.bench.timing import time_call
 
     torch.manual_seed(0)
-    threads = torch.get_num_threads()
     model = _build(spec["name"], spec["size"], spec["fused"]).eval()
     x = torch.randn(spec["batch"], 3, spec["size"], spec["size"])
     res = dict(spec)
     with torch.no_grad():
         model(torch.randn(1, 3, 32, 32) if spec["name"].startswith("weightformer") else x[:1])  # load kernels
         rss0 = _rss_bytes()
-        t0 = time.perf_counter()
-        model(x)
-        first = time.perf_counter() - t0
+        # one-call samples after a warm-up forward, which alone is the timing when it takes long_s or more
+        timing = time_call(lambda: model(x), min_run_time=0.0, min_samples=spec["repeats"],
+                           max_seconds=spec["budget_s"], long_call_s=spec["long_s"])
         res["rss_peak_infer_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
-        timer = benchmark.Timer("model(x)", globals=dict(model=model, x=x), num_threads=threads)
-        times = []
-        if first < spec["long_s"]:
-            start = time.perf_counter()
-            while len(times) < spec["repeats"] and (not times or time.perf_counter() - start < spec["budget_s"]):
-                times.append(timer.timeit(1).median)
-        else:
-            times = [first]
-    res.update(times_s=times, median_s=statistics.median(times), warmup_s=first,
-               throughput=spec["batch"] / statistics.median(times), threads=threads)
+    res.update(times_s=timing.samples, median_s=timing.median_s, warmup_s=timing.warmup_s,
+               throughput=spec["batch"] / timing.median_s, threads=torch.get_num_threads())
     if spec["fused"] == "onednn":  # the patched forwards have no fake-tensor kernels: measure unpatched
         model = _build(spec["name"], spec["size"], True).eval()
     peaks = _tensor_peaks(model, spec["batch"], spec["size"])
@@ -197,18 +189,24 @@ def _mib(b):
 def write_report(rows: list, info: dict, out: Path, cmd: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(dict(machine=info, command=cmd, rows=rows), indent=2))
-    fields = ["model", "size", "batch", "throughput", "median_s", "n_timed", "rss_peak_infer_mib",
-              "tensor_peak_infer_mib", "tensor_peak_train_mib"]
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(fields)
-        for r in rows:
-            w.writerow([r["model"], r["size"], r["batch"], f"{r['throughput']:.4f}", f"{r['median_s']:.4f}",
-                        len(r["times_s"]), f"{_mib(r['rss_peak_infer_bytes']):.1f}",
-                        f"{_mib(r['tensor_peak_infer_bytes']):.1f}", f"{_mib(r['tensor_peak_train_bytes']):.1f}"])
-
+    write_csv(out / "results.csv", [_csv_row(r) for r in rows])
     by = {(r["model"], r["size"]): r for r in rows}
     sizes = sorted({r["size"] for r in rows})
+    (out / "results.md").write_text("\n".join(_report_lines(by, sizes, info, cmd) + _goal_lines(by, max(sizes)))
+                                    + "\n")
+    _plot(by, sizes, rows[0]["batch"], info, out / "weightformer.png")
+
+
+def _csv_row(r: dict) -> dict:
+    return {"model": r["model"], "size": r["size"], "batch": r["batch"], "throughput": f"{r['throughput']:.4f}",
+            "median_s": f"{r['median_s']:.4f}", "n_timed": len(r["times_s"]),
+            "rss_peak_infer_mib": f"{_mib(r['rss_peak_infer_bytes']):.1f}",
+            "tensor_peak_infer_mib": f"{_mib(r['tensor_peak_infer_bytes']):.1f}",
+            "tensor_peak_train_mib": f"{_mib(r['tensor_peak_train_bytes']):.1f}"}
+
+
+def _report_lines(by: dict, sizes: list, info: dict, cmd: str) -> list:
+    """The header of ``results.md`` and its table, a row per (size, model)."""
     wf = "WeightFormer-T"
     lines = [
         "# WeightFormer-T vs DeiT-T, CPU inference",
@@ -223,45 +221,47 @@ def write_report(rows: list, info: dict, out: Path, cmd: str) -> None:
         f"concurrently, so absolute times are noisy).",
         "",
         "Throughput: images/s, float32, eval, `torch.no_grad()`, median of timed runs (n). RSS: peak resident "
-        "set growth during the first forward. Tensors: peak live tensor bytes (MemTracker under "
+        "set growth while the forwards ran. Tensors: peak live tensor bytes (MemTracker under "
         "FakeTensorMode), inference and forward+backward, same batch.",
         "",
-        "| size | tokens | model | batch | img/s | n | WF speed-up | RSS peak MiB | tensor peak MiB (inference) "
-        "| WF / model (tensors) | tensor peak MiB (fwd+bwd) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    header = ["size", "tokens", "model", "batch", "img/s", "n", "WF speed-up", "RSS peak MiB",
+              "tensor peak MiB (inference)", "WF / model (tensors)", "tensor peak MiB (fwd+bwd)"]
+    cells = []
     for s in sizes:
-        for label in MODELS:
-            r = by.get((label, s))
-            if r is None:
-                continue
-            w = by.get((wf, s))
+        for label in (m for m in MODELS if (m, s) in by):
+            r, w = by[(label, s)], by.get((wf, s))
             speed = f"{w['throughput'] / r['throughput']:.2f}×" if w and label != wf else "—"
             mem = (f"{100 * w['tensor_peak_infer_bytes'] / r['tensor_peak_infer_bytes']:.1f}%"
                    if w and label != wf else "—")
-            lines.append(
-                f"| {s}² | {(s // 16) ** 2} | {label} | {r['batch']} | {r['throughput']:.3f} | {len(r['times_s'])} | "
-                f"{speed} | {_mib(r['rss_peak_infer_bytes']):.0f} | {_mib(r['tensor_peak_infer_bytes']):.0f} | {mem} | "
-                f"{_mib(r['tensor_peak_train_bytes']):.0f} |")
-    top = max(sizes)
-    if all((m, top) in by for m in MODELS):
-        w, f_, n_ = by[(wf, top)], by[("DeiT-T (fused SDPA)", top)], by[("DeiT-T (non-fused)", top)]
+            cells.append([f"{s}²", (s // 16) ** 2, label, r["batch"], f"{r['throughput']:.3f}", len(r["times_s"]),
+                          speed, f"{_mib(r['rss_peak_infer_bytes']):.0f}", f"{_mib(r['tensor_peak_infer_bytes']):.0f}",
+                          mem, f"{_mib(r['tensor_peak_train_bytes']):.0f}"])
+    return lines + [markdown_table(header, cells)]
 
-        def ratio(a, b, kind):
-            return a[f"{kind}_peak_infer_bytes"] / b[f"{kind}_peak_infer_bytes"]
-        lines += [
-            "",
-            f"## Goals at {top}²",
-            "",
-            f"- throughput WF-T / DeiT-T: **{w['throughput'] / f_['throughput']:.2f}×** vs fused SDPA, "
-            f"**{w['throughput'] / n_['throughput']:.2f}×** vs non-fused (goal ≥ 5×).",
-            f"- peak inference memory WF-T / DeiT-T non-fused: tensors **{100 * ratio(w, n_, 'tensor'):.1f}%**, "
-            f"RSS {100 * ratio(w, n_, 'rss'):.1f}% (goal ≤ 10%).",
-            f"- peak inference memory WF-T / DeiT-T fused SDPA: tensors **{ratio(w, f_, 'tensor'):.2f}×**, "
-            f"RSS {ratio(w, f_, 'rss'):.2f}× (goal ≤ 1×).",
-        ]
-    (out / "results.md").write_text("\n".join(lines) + "\n")
 
+def _goal_lines(by: dict, top: int) -> list:
+    """The goals at the largest size, when every model ran there."""
+    if not all((m, top) in by for m in MODELS):
+        return []
+    w, f_, n_ = by[("WeightFormer-T", top)], by[("DeiT-T (fused SDPA)", top)], by[("DeiT-T (non-fused)", top)]
+
+    def ratio(a, b, kind):
+        return a[f"{kind}_peak_infer_bytes"] / b[f"{kind}_peak_infer_bytes"]
+    return [
+        "",
+        f"## Goals at {top}²",
+        "",
+        f"- throughput WF-T / DeiT-T: **{w['throughput'] / f_['throughput']:.2f}×** vs fused SDPA, "
+        f"**{w['throughput'] / n_['throughput']:.2f}×** vs non-fused (goal ≥ 5×).",
+        f"- peak inference memory WF-T / DeiT-T non-fused: tensors **{100 * ratio(w, n_, 'tensor'):.1f}%**, "
+        f"RSS {100 * ratio(w, n_, 'rss'):.1f}% (goal ≤ 10%).",
+        f"- peak inference memory WF-T / DeiT-T fused SDPA: tensors **{ratio(w, f_, 'tensor'):.2f}×**, "
+        f"RSS {ratio(w, f_, 'rss'):.2f}× (goal ≤ 1×).",
+    ]
+
+
+def _plot(by: dict, sizes: list, batch: int, info: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -288,10 +288,10 @@ def write_report(rows: list, info: dict, out: Path, cmd: str) -> None:
         ax.set_title(t)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend()
-    fig.suptitle(f"WeightFormer-T vs DeiT-T, batch {rows[0]['batch']}, {info['cpu']}, "
+    fig.suptitle(f"WeightFormer-T vs DeiT-T, batch {batch}, {info['cpu']}, "
                  f"{info['torch_threads']} threads, torch {info['torch']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "weightformer.png", dpi=120)
+    fig.savefig(path, dpi=120)
 
 
 def digits_check(out: Path, epochs: int = 6, seed: int = 0) -> dict:

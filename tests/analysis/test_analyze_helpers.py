@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import vitmix
-from vitmix.analysis._common import capture_mixer_inputs, load_checkpoint_state, load_images, query_key_value
+from vitmix.analysis._common import capture_mixer_inputs, load_images, query_key_value
 from vitmix.analysis.distances import tail_stats
 from vitmix.analysis.injectivity import distinct_fraction, shift_beyond_keys
 
@@ -15,6 +15,23 @@ def test_load_images_digits():
     assert not torch.equal(x[0], x[1])
 
 
+def test_fashion_mnist_images_come_through_the_one_idx_reader(tmp_path):
+    """load_images reads the gzipped IDX files Debian installs (the test split first) with vitmix.data's reader."""
+    import gzip
+
+    import numpy as np
+
+    images = np.random.default_rng(0).integers(0, 256, (6, 28, 28), dtype=np.uint8)
+    header = bytes([0, 0, 0x08, 3]) + b"".join(int(d).to_bytes(4, "big") for d in images.shape)
+    with gzip.open(tmp_path / "t10k-images-idx3-ubyte.gz", "wb") as fh:
+        fh.write(header + images.tobytes())
+    x, desc = load_images(6, 28, "fashion-mnist", fashion_dir=str(tmp_path))
+    assert "t10k-images-idx3-ubyte.gz" in desc and x.shape == (6, 3, 28, 28)
+    ref = torch.from_numpy(images.astype(np.float32) / 255.0)
+    ref = (ref - ref.mean()) / ref.std()
+    torch.testing.assert_close(x[:, 0], ref, rtol=1e-5, atol=1e-5)   # all 6 chosen, in file order; 28 px: no resize
+
+
 def test_missing_fashion_mnist_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
         load_images(2, 28, "fashion-mnist", fashion_dir=str(tmp_path))
@@ -23,10 +40,14 @@ def test_missing_fashion_mnist_is_a_clear_error(tmp_path):
 
 
 def test_checkpoint_round_trip(tmp_path):
+    """Analyses read checkpoints through vitmix.train's loader: DDP prefixes and {"model": ...} wrappers
+    are removed, another classifier head is tolerated, any other mismatch is an error."""
+    from vitmix.train.checkpoint import read_state_dict
+
     model = vitmix.create_model("vit_nano_patch4_32")
     path = tmp_path / "ckpt.pt"
     torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()}}, path)
-    state = load_checkpoint_state(str(path))
+    state = read_state_dict(str(path))
     assert set(state) == set(model.state_dict())
     from vitmix.analysis._common import build_model
 
@@ -35,10 +56,17 @@ def test_checkpoint_round_trip(tmp_path):
     torch.save(model.state_dict(), path)
     loaded = build_model("vit_nano_patch4_32", 32, checkpoint=str(path), seed=123)
     assert torch.equal(loaded.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
+    three = vitmix.create_model("vit_nano_patch4_32", num_classes=3)     # another classifier head is fine
+    torch.save(three.state_dict(), path)
+    loaded = build_model("vit_nano_patch4_32", 32, checkpoint=str(path), seed=123)
+    assert torch.equal(loaded.blocks[0].attn.qkv.weight, three.blocks[0].attn.qkv.weight)
+    assert loaded.head.weight.shape[0] == model.head.weight.shape[0]
     other = vitmix.create_model("vit_tiny_patch4_32")
     torch.save(other.state_dict(), path)
     with pytest.raises(ValueError, match="does not match"):
         build_model("vit_nano_patch4_32", 32, checkpoint=str(path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build_model("vit_nano_patch4_32", 32, checkpoint=str(tmp_path / "missing.pt"))
 
 
 @pytest.mark.parametrize("mixer", ["softmax", "soft", "laplacian", "fibottention"])

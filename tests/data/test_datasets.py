@@ -8,7 +8,7 @@ import pytest
 
 from vitmix.data import build_datasets
 from vitmix.data.datasets import FASHION_MNIST_SYSTEM_DIR
-from vitmix.data.idx import read_idx
+from vitmix.data.idx import find_idx, read_idx
 
 
 def test_digits_split_is_fixed_stratified_and_resized():
@@ -90,6 +90,35 @@ def test_corrupt_idx_file_is_a_clear_error(tmp_path):
     bad.write_bytes(b"not an idx file at all")
     with pytest.raises(ValueError, match="not an IDX file"):
         read_idx(bad)
+    short = tmp_path / "short-idx3-ubyte"
+    short.write_bytes(bytes([0, 0, 0x08, 3]) + b"".join(d.to_bytes(4, "big") for d in (2, 4, 4)) + bytes(31))
+    with pytest.raises(ValueError, match="truncated: expected 32 bytes of data, found 31"):
+        read_idx(short)
+
+
+@pytest.mark.parametrize("sub", ["", "raw", "FashionMNIST/raw"])
+def test_find_idx_looks_in_the_flat_and_torchvision_layouts(tmp_path, sub):
+    (tmp_path / sub).mkdir(parents=True, exist_ok=True)
+    labels = np.array([3, 1, 4, 1, 5], dtype=np.uint8)
+    _write_idx(tmp_path / sub / "t10k-labels-idx1-ubyte.gz", labels, gz=True)
+    found = find_idx(tmp_path, "t10k-labels-idx1-ubyte")
+    assert found == tmp_path / sub / "t10k-labels-idx1-ubyte.gz"
+    np.testing.assert_array_equal(read_idx(found), labels)
+    assert find_idx(tmp_path, "train-labels-idx1-ubyte") is None
+
+
+def test_torchvision_reader_cannot_read_the_gzipped_debian_files(tmp_path):
+    """Why vitmix keeps its own IDX reader (data/idx.py): Debian's dataset-fashion-mnist ships only
+    ``*.gz`` files and torchvision's reader opens them as plain files. If this starts to pass through
+    torchvision, switch to its reader and delete ours."""
+    from torchvision.datasets.mnist import read_image_file
+
+    images = np.arange(2 * 28 * 28).reshape(2, 28, 28) % 256
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    _write_idx(path, images, gz=True)
+    with pytest.raises(AssertionError):
+        read_image_file(str(path))
+    np.testing.assert_array_equal(read_idx(path), images)
 
 
 def test_cifar_download_without_network_is_a_clear_error(tmp_path, monkeypatch):

@@ -1,8 +1,6 @@
 """Shared pieces of the ``vitmix analyze`` subcommands: real images, models, activations, outputs."""
 from __future__ import annotations
 
-import csv
-import gzip
 import json
 import os
 from dataclasses import dataclass
@@ -14,53 +12,45 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+from .._util import close_matches, markdown_table, table_columns, write_csv
+
 SOURCES = ("auto", "digits", "fashion-mnist")
+#: the IDX image files tried in order: the test split first (images no training run has seen)
+_FASHION_STEMS = ("t10k-images-idx3-ubyte", "train-images-idx3-ubyte")
 
 
 # ------------------------------------------------------------------------------------------ images
-def _read_idx_images(path: Path) -> np.ndarray:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        data = fh.read()
-    if int.from_bytes(data[:4], "big") != 0x00000803:
-        raise ValueError(f"{path} is not an IDX image file (bad magic number)")
-    n, h, w = (int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(3))
-    return np.frombuffer(data, dtype=np.uint8, offset=16)[: n * h * w].reshape(n, h, w)
-
-
 def _fashion_file(root: str) -> Optional[Path]:
-    for name in ("t10k-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte", "train-images-idx3-ubyte.gz",
-                 "train-images-idx3-ubyte"):
-        p = Path(root) / name
-        if p.is_file():
-            return p
-    return None
+    from ..data.idx import find_idx  # vitmix.data loads timm: only when images are read
+
+    return next((p for p in (find_idx(root, stem) for stem in _FASHION_STEMS) if p), None)
 
 
 def load_images(n: int = 8, size: int = 32, source: str = "auto", seed: int = 0,
-                fashion_dir: str = FASHION_DIR) -> Tuple[torch.Tensor, str]:
+                fashion_dir: Optional[str] = None) -> Tuple[torch.Tensor, str]:
     """``n`` real grey images as a ``(n, 3, size, size)`` float tensor normalised to mean 0 / std 1.
 
     ``source``: ``"digits"`` (scikit-learn's bundled 8×8 digits), ``"fashion-mnist"`` (28×28 IDX
-    files under ``fashion_dir``, Debian package ``dataset-fashion-mnist``) or ``"auto"``
+    files under ``fashion_dir``, by default where Debian's ``dataset-fashion-mnist`` puts them) or ``"auto"``
     (Fashion-MNIST when present, else digits). Images are resized bilinearly to ``size``.
     Returns ``(images, description)``.
     """
     if source not in SOURCES:
-        from ..mixers.base import close_matches
-
         raise ValueError(f"unknown image source {source!r}." + close_matches(source, SOURCES)
                          + f" Choose from {', '.join(SOURCES)}")
     if n <= 0 or size <= 0:
         raise ValueError(f"need a positive number of images and size, got n={n}, size={size}")
+    if fashion_dir is None:
+        from ..data.datasets import FASHION_MNIST_SYSTEM_DIR
+
+        fashion_dir = str(FASHION_MNIST_SYSTEM_DIR)
     path = _fashion_file(fashion_dir)
     if source == "fashion-mnist" and path is None:
         raise FileNotFoundError(f"no Fashion-MNIST IDX files under {fashion_dir}; install the Debian package "
                                 "dataset-fashion-mnist or use --source digits")
     rng = np.random.default_rng(seed)
     if source != "digits" and path is not None:
-        arr = _read_idx_images(path).astype(np.float32) / 255.0
+        arr = _grey_images(path).astype(np.float32) / 255.0
         desc = f"Fashion-MNIST ({path.name})"
     else:
         from sklearn.datasets import load_digits
@@ -74,6 +64,15 @@ def load_images(n: int = 8, size: int = 32, source: str = "auto", seed: int = 0,
     return x.expand(-1, 3, -1, -1).contiguous(), f"{desc}, {len(idx)} images resized to {size}x{size}"
 
 
+def _grey_images(path: Path) -> np.ndarray:
+    from ..data.idx import read_idx
+
+    arr = read_idx(path)
+    if arr.ndim != 3 or arr.dtype != np.uint8:
+        raise ValueError(f"{path} holds {arr.dtype} data of shape {arr.shape}, not (N, H, W) uint8 images")
+    return arr
+
+
 # ------------------------------------------------------------------------------------------ models
 def build_model(name: str, img_size: int, mixer: Optional[str] = None, mixer_options: Optional[dict] = None,
                 checkpoint: Optional[str] = None, seed: int = 0) -> nn.Module:
@@ -83,39 +82,20 @@ def build_model(name: str, img_size: int, mixer: Optional[str] = None, mixer_opt
     torch.manual_seed(seed)
     model = create_model(name, img_size=img_size, mixer=mixer, mixer_options=mixer_options)
     if checkpoint:
-        state = load_checkpoint_state(checkpoint)
-        own = model.state_dict()
-        missing = sorted(set(own) - set(state))
-        unexpected = sorted(set(state) - set(own))
-        shapes = sorted(k for k in own if k in state and own[k].shape != state[k].shape)
-        # a different classifier head does not change the attention layers this analysis reads
-        bad = [k for k in missing + unexpected + shapes if not k.startswith("head.")]
-        if bad:
-            raise ValueError(f"checkpoint {checkpoint} does not match model {name!r}: {len(missing)} missing, "
-                             f"{len(unexpected)} unexpected, {len(shapes)} differently shaped keys (e.g. {bad[0]}); "
-                             "pass the --model (and --img-size) the checkpoint was trained with")
-        model.load_state_dict({k: v for k, v in state.items() if k in own and k not in shapes}, strict=False)
+        from ..train.checkpoint import load_into, read_state_dict
+
+        # a different classifier head does not change the attention layers an analysis reads
+        load_into(model, read_state_dict(checkpoint), f"checkpoint {checkpoint}", ignore=("head.",))
     return model.eval()
 
 
-def load_checkpoint_state(path: str) -> Dict[str, torch.Tensor]:
-    """A state dict from a vitmix safetensors checkpoint or a torch ``.pt/.pth`` file (read with
-    ``weights_only=True``); unreadable files are a one-line ``ValueError``."""
-    from ..train.checkpoint import load_state, load_weights
-
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if p.suffix == ".safetensors":
-        return load_weights(p)[0]
-    obj = load_state(p)
-    for key in ("model", "state_dict", "model_state_dict", "model_state"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-            break
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path} holds no state dict")
-    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+def copy_matching(dst: nn.Module, src: nn.Module) -> int:
+    """Copy every weight of ``src`` whose name and shape ``dst`` shares (e.g. a softmax model's into the
+    same backbone with another mixer); returns how many tensors were copied."""
+    own = dst.state_dict()
+    shared = {k: v for k, v in src.state_dict().items() if k in own and own[k].shape == v.shape}
+    dst.load_state_dict(shared, strict=False)
+    return len(shared)
 
 
 def mixer_layers(model: nn.Module) -> List[Tuple[str, nn.Module]]:
@@ -197,17 +177,8 @@ def write_table(rows: Sequence[dict], out_dir: str, stem: str, title: str, notes
                 figure: Optional[str] = None, command: Optional[str] = None) -> List[str]:
     """Write ``rows`` as ``<stem>.csv``, ``<stem>.json`` and a ``<stem>.md`` table (with notes)."""
     os.makedirs(out_dir, exist_ok=True)
-    cols: List[str] = []
-    for r in rows:
-        for k in r:
-            if k not in cols:
-                cols.append(k)
-    csv_path = os.path.join(out_dir, f"{stem}.csv")
-    with open(csv_path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow(r)
+    cols = table_columns(rows)
+    csv_path = write_csv(os.path.join(out_dir, f"{stem}.csv"), rows, cols)
     json_path = os.path.join(out_dir, f"{stem}.json")
     with open(json_path, "w") as fh:
         json.dump({"title": title, "command": command, "notes": list(notes), "rows": list(rows)}, fh, indent=1,
@@ -226,6 +197,7 @@ def write_table(rows: Sequence[dict], out_dir: str, stem: str, title: str, notes
 
 
 def fmt(v) -> str:
+    """A table cell: floats to 4 significant digits (scientific outside 1e-3..1e4), else ``str``."""
     if isinstance(v, float):
         if v != v:
             return "nan"
@@ -238,13 +210,11 @@ def fmt(v) -> str:
 
 
 def markdown_rows(rows: Sequence[dict], cols: Optional[Sequence[str]] = None) -> str:
+    """``rows`` (dicts) as a markdown table of :func:`fmt` cells; ``cols`` defaults to the first row's keys."""
     if not rows:
         return "(no rows)"
     cols = list(cols or rows[0].keys())
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
-    return "\n".join(lines)
+    return markdown_table(cols, ([fmt(r.get(c, "")) for c in cols] for r in rows))
 
 
 def pyplot():
@@ -257,5 +227,15 @@ def pyplot():
     return plt
 
 
-__all__ = ["load_images", "build_model", "load_checkpoint_state", "mixer_layers", "capture_mixer_inputs",
-           "query_key_value", "grid_of", "write_table", "markdown_rows", "pyplot", "AnalysisResult", "SOURCES"]
+def save_figure(fig, out_dir: str, name: str) -> str:
+    """Lay ``fig`` out (``tight_layout``), write it as ``out_dir/name`` at 110 dpi, close it; return the path."""
+    fig.tight_layout()
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+__all__ = ["load_images", "build_model", "copy_matching", "mixer_layers", "capture_mixer_inputs", "query_key_value",
+           "grid_of", "write_table", "markdown_rows", "pyplot", "save_figure", "AnalysisResult", "SOURCES"]

@@ -20,13 +20,14 @@ not float32 rounding (``W`` is badly conditioned for large ``m``: its float32 ex
 from __future__ import annotations
 
 import math
-import os
 from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ._common import build_model, capture_mixer_inputs, grid_of, load_images, pyplot, query_key_value, write_table
+from ._common import (
+    build_model, capture_mixer_inputs, grid_of, load_images, pyplot, query_key_value, save_figure, write_table,
+)
 
 VARIANTS = (("newton", "eps"), ("exact", "eps"), ("exact", "zero"))
 
@@ -119,11 +120,7 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
     ax.legend(fontsize=7)
     ck = f"checkpoint {checkpoint}" if checkpoint else "untrained weights"
     ax.set_title(f"Nyström error vs landmarks — first layer of {model} @ {img_size}px, {ck}\n{desc}", fontsize=8)
-    fig.tight_layout()
-    os.makedirs(out, exist_ok=True)
-    fig_path = os.path.join(out, "approx.png")
-    fig.savefig(fig_path, dpi=110)
-    plt.close(fig)
+    fig_path = save_figure(fig, out, "approx.png")
     notes = [f"activations: first attention layer of {model} at {img_size}x{img_size} ({h}x{w} patch tokens, "
              f"prefix dropped), {ck}; images: {desc}",
              f"gaussian: K = Q scaled by d^-1/4 (SOFT); laplacian: separate Q, K scaled by d^-1/2, lambda={lam:g}",

@@ -97,8 +97,8 @@ def _command() -> str:
 
 def run(args) -> int:
     """Entry point of ``vitmix analyze``."""
+    from .._util import close_matches
     from ._common import SOURCES
-    from ..mixers.base import close_matches
 
     if args.source not in SOURCES:
         raise ValueError(f"unknown --source {args.source!r}." + close_matches(args.source, SOURCES)

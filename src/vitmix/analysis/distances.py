@@ -16,7 +16,9 @@ from typing import List, Optional
 
 import torch
 
-from ._common import build_model, capture_mixer_inputs, load_images, pyplot, query_key_value, write_table
+from ._common import (
+    build_model, capture_mixer_inputs, load_images, pyplot, query_key_value, save_figure, write_table,
+)
 
 
 def tail_stats(values: torch.Tensor) -> dict:
@@ -81,13 +83,7 @@ def run(out: str, model: str = "vit_tiny_patch4_32", img_size: int = 32, images:
         ax.legend(fontsize=7)
     ckpt = f"checkpoint {checkpoint}" if checkpoint else "untrained weights (seed %d)" % seed
     fig.suptitle(f"query–key distances per layer: {model}, {ckpt}\n{desc}", fontsize=10)
-    fig.tight_layout()
-    import os
-
-    os.makedirs(out, exist_ok=True)
-    fig_path = os.path.join(out, "distances.png")
-    fig.savefig(fig_path, dpi=110)
-    plt.close(fig)
+    fig_path = save_figure(fig, out, "distances.png")
     notes = [f"model {model} at {img_size}x{img_size}, {ckpt}; images: {desc}",
              "q, k are each layer's own projections of its input (no kernel scaling); distances over all "
              "images, heads and token pairs (random subset of at most 400k pairs per layer)",

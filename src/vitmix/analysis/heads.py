@@ -13,11 +13,9 @@ with softmax attention, one with the ``fibottention`` mixer — see the same rea
 """
 from __future__ import annotations
 
-import os
 from typing import List, Optional
 
-
-from ._common import build_model, grid_of, load_images, pyplot, write_table
+from ._common import build_model, copy_matching, grid_of, load_images, pyplot, save_figure, write_table
 
 
 def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images: int = 8, source: str = "auto",
@@ -29,27 +27,28 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
     imgs, desc = load_images(images, img_size, source, seed)
     soft = build_model(model, img_size, mixer="softmax", checkpoint=checkpoint, seed=seed)
     fib = build_model(model, img_size, mixer="fibottention", mixer_options=mixer_options, seed=seed)
-    own = fib.state_dict()
-    fib.load_state_dict({k: v for k, v in soft.state_dict().items() if k in own and own[k].shape == v.shape},
-                        strict=False)
+    copy_matching(fib, soft)
     prefix, gh, gw = grid_of(fib)
     n = gh * gw
     table = fa.model_interaction_table(fib, n, prefix)
     if not table:
         raise ValueError(f"model {model!r} built with mixer='fibottention' has no Fibottention layers")
-    layers = sorted({r["layer"] for r in table})
-    div_fib = fa.model_head_diversity(fib, imgs, measure)
-    div_soft = fa.model_head_diversity(soft, imgs, measure)
-    first = fa.fibottention_layers(fib)[0]
-    offsets = first.head_offsets(n)
-    overlap = fa.offset_overlap(offsets)
-    overlap_pairs = fa.offset_overlap(offsets, n, by="pairs")
-    h = overlap.shape[0]
-    off_diag = (overlap.sum() - overlap.diagonal().sum()) / max(h * (h - 1), 1)
-    off_diag_pairs = (overlap_pairs.sum() - overlap_pairs.diagonal().sum()) / max(h * (h - 1), 1)
+    rows = _layer_rows(table, fa.model_head_diversity(fib, imgs, measure), fa.model_head_diversity(soft, imgs, measure))
+    overlap = _first_layer_overlap(fa.fibottention_layers(fib)[0], n)
+    ck = f"checkpoint {checkpoint}" if checkpoint else "untrained, shared weights"
+    fig_path = _figure(rows, overlap, n, measure, f"{model} @ {img_size}px ({gh}x{gw} patches), {ck}; {desc}", out)
+    notes = [f"model {model} at {img_size}x{img_size} ({n} patches + {prefix} prefix), {ck}; images: {desc}",
+             f"first-layer offset overlap (Jaccard, mean over head pairs): offset sets {overlap['sets']:.4f}, "
+             f"covered token pairs {overlap['pairs']:.4f}",
+             f"head diversity = 1 - mean off-diagonal linear {measure.upper()} of the heads' outputs"]
+    files = write_table(rows, out, "heads", "Fibottention heads vs softmax", notes, fig_path, command)
+    return files + [fig_path]
 
+
+def _layer_rows(table: List[dict], div_fib: List[dict], div_soft: List[dict]) -> List[dict]:
+    """Per layer: Fibottention's mean interaction fractions over heads and both models' head diversity."""
     rows = []
-    for pos, layer in enumerate(layers):
+    for pos, layer in enumerate(sorted({r["layer"] for r in table})):
         lr = [r for r in table if r["layer"] == layer]
         rows.append({
             "layer": layer,
@@ -59,49 +58,53 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
             "fib_head_diversity": div_fib[pos]["diversity"] if pos < len(div_fib) else float("nan"),
             "softmax_head_diversity": div_soft[pos]["diversity"] if pos < len(div_soft) else float("nan"),
         })
+    return rows
 
+
+def _first_layer_overlap(layer, n: int) -> dict:
+    """Head-by-head Jaccard overlap of one layer's offset sets and covered token pairs, and the mean
+    of each over head pairs (the diagonal left out)."""
+    from . import fibottention as fa
+
+    offsets = layer.head_offsets(n)
+    by_pairs = fa.offset_overlap(offsets, n, by="pairs")
+    overlap = fa.offset_overlap(offsets)
+    h = overlap.shape[0]
+
+    def off_diagonal_mean(m):
+        return float((m.sum() - m.diagonal().sum()) / max(h * (h - 1), 1))
+
+    return {"matrix": by_pairs, "heads": h, "sets": off_diagonal_mean(overlap), "pairs": off_diagonal_mean(by_pairs)}
+
+
+def _figure(rows: List[dict], overlap: dict, n: int, measure: str, title: str, out: str) -> str:
+    """Interaction fraction, first-layer head overlap and head diversity side by side; returns the path."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    layers = [r["layer"] for r in rows]
     ax = axes[0]
     ax.plot(layers, [r["fib_interaction_patch"] for r in rows], "o-", label="fibottention (patch block)")
     ax.plot(layers, [r["fib_interaction_with_cls"] for r in rows], "s--", label="fibottention (with CLS)")
     ax.plot(layers, [1.0] * len(layers), "k:", label="softmax")
-    ax.set_yscale("log")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("fraction of token pairs computed (mean over heads)")
-    ax.set_title(f"interaction fraction, N={n}")
+    ax.set(yscale="log", xlabel="layer", ylabel="fraction of token pairs computed (mean over heads)",
+           title=f"interaction fraction, N={n}")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    ax = axes[1]
-    im = ax.imshow(overlap_pairs.numpy(), vmin=0, vmax=1, cmap="viridis")
+    ax, h = axes[1], overlap["heads"]
+    im = ax.imshow(overlap["matrix"].numpy(), vmin=0, vmax=1, cmap="viridis")
     ax.set_title(f"layer {layers[0]} head overlap (Jaccard of covered pairs)\nmean off-diagonal "
-                 f"{float(off_diag_pairs):.3f}; offset sets {float(off_diag):.3f}", fontsize=9)
-    ax.set_xticks(range(h))
-    ax.set_yticks(range(h))
-    ax.set_xlabel("head")
-    ax.set_ylabel("head")
+                 f"{overlap['pairs']:.3f}; offset sets {overlap['sets']:.3f}", fontsize=9)
+    ax.set(xticks=range(h), yticks=range(h), xlabel="head", ylabel="head")
     fig.colorbar(im, ax=ax, fraction=0.046)
     ax = axes[2]
     ax.plot(layers, [r["fib_head_diversity"] for r in rows], "o-", label="fibottention")
     ax.plot(layers, [r["softmax_head_diversity"] for r in rows], "s--", label="softmax")
-    ax.set_xlabel("layer")
-    ax.set_ylabel(f"head diversity (1 − mean pairwise {measure.upper()})")
-    ax.set_title("head-output diversity on real images")
+    ax.set(xlabel="layer", ylabel=f"head diversity (1 − mean pairwise {measure.upper()})",
+           title="head-output diversity on real images")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    ck = f"checkpoint {checkpoint}" if checkpoint else "untrained, shared weights"
-    fig.suptitle(f"{model} @ {img_size}px ({gh}x{gw} patches), {ck}; {desc}", fontsize=9)
-    fig.tight_layout()
-    os.makedirs(out, exist_ok=True)
-    fig_path = os.path.join(out, "heads.png")
-    fig.savefig(fig_path, dpi=110)
-    plt.close(fig)
-    notes = [f"model {model} at {img_size}x{img_size} ({n} patches + {prefix} prefix), {ck}; images: {desc}",
-             f"first-layer offset overlap (Jaccard, mean over head pairs): offset sets {float(off_diag):.4f}, "
-             f"covered token pairs {float(off_diag_pairs):.4f}",
-             f"head diversity = 1 - mean off-diagonal linear {measure.upper()} of the heads' outputs"]
-    files = write_table(rows, out, "heads", "Fibottention heads vs softmax", notes, fig_path, command)
-    return files + [fig_path]
+    fig.suptitle(title, fontsize=9)
+    return save_figure(fig, out, "heads.png")
 
 
 __all__ = ["run"]

@@ -22,12 +22,11 @@ queries each moved by its own constant ``c_i·1`` beyond every key coordinate �
 """
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Sequence
 
 import torch
 
-from ._common import pyplot, write_table
+from ._common import pyplot, save_figure, write_table
 from .approx import pool_landmarks, real_qkv
 
 VARIANTS = ("kernel", "row-normalised", "injective", "softmax")
@@ -121,11 +120,7 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 32, images:
     ck = f"checkpoint {checkpoint}" if checkpoint else "untrained weights"
     fig.suptitle(f"Laplacian Nyström attention (λ={lam:g}, pool {pool}) — first layer of {model} @ {img_size}px, "
                  f"{ck}; {desc}", fontsize=9)
-    fig.tight_layout()
-    os.makedirs(out, exist_ok=True)
-    fig_path = os.path.join(out, "injectivity.png")
-    fig.savefig(fig_path, dpi=110)
-    plt.close(fig)
+    fig_path = save_figure(fig, out, "injectivity.png")
     notes = [f"q, k: first attention layer of {model} at {img_size}x{img_size} ({h}x{w} grid tokens), {ck}, scaled "
              f"by d^-1/2 as the laplacian mixer does; images: {desc}",
              "shifted: every query moved by its own constant beyond every key coordinate",

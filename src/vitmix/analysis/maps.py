@@ -9,12 +9,13 @@ unnormalised and may be negative) at the first block, for the query patch ``--qu
 from __future__ import annotations
 
 import math
-import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ._common import build_model, capture_mixer_inputs, grid_of, load_images, pyplot, write_table
+from ._common import (
+    build_model, capture_mixer_inputs, copy_matching, grid_of, load_images, pyplot, save_figure, write_table,
+)
 
 
 def mixers_with_maps(names: Optional[Sequence[str]] = None) -> List[str]:
@@ -35,13 +36,6 @@ def mixers_with_maps(names: Optional[Sequence[str]] = None) -> List[str]:
     if "softmax" in out:
         out.remove("softmax")
     return ["softmax"] + out
-
-
-def _copy_matching(dst: torch.nn.Module, src: torch.nn.Module) -> int:
-    own = dst.state_dict()
-    shared = {k: v for k, v in src.state_dict().items() if k in own and own[k].shape == v.shape}
-    dst.load_state_dict(shared, strict=False)
-    return len(shared)
 
 
 def map_stats(row: torch.Tensor, h: int, w: int, qr: int, qc: int) -> dict:
@@ -71,53 +65,19 @@ def run(out: str, mixers: Optional[Sequence[str]] = None, model: str = "vit_nano
     qr, qc = query if query is not None else (gh // 2, gw // 2)
     if not (0 <= qr < gh and 0 <= qc < gw):
         raise ValueError(f"query {qr},{qc} is outside the {gh}x{gw} patch grid; use 0..{gh - 1},0..{gw - 1}")
-    qidx = prefix + qr * gw + qc
     maps, rows, notes = [], [], []
     for name in names:
         try:
-            net = build_model(model, img_size, mixer=name, seed=seed)
-            _copy_matching(net, base)
-            _, layer, x = capture_mixer_inputs(net, img)[0]
-            att = layer.attention_map(x, hw=(gh, gw), num_prefix_tokens=prefix)
+            row = _query_row(build_model(model, img_size, mixer=name, seed=seed), base, img, (prefix, gh, gw), qr, qc)
         except (ValueError, NotImplementedError, RuntimeError) as err:
             notes.append(f"{name}: skipped ({str(err).splitlines()[0][:160]})")
             rows.append({"mixer": name, "status": "skipped"})
             continue
-        row = att[0, :, qidx, prefix:].float()  # (heads, H*W)
         maps.append((name, row))
         rows.append({"mixer": name, "status": "ok", **map_stats(row, gh, gw, qr, qc)})
-
-    plt = pyplot()
-    heads = max(r.shape[0] for _, r in maps)
-    ncols = 2 + heads
-    fig, axes = plt.subplots(len(maps), ncols, figsize=(2.1 * ncols, 2.2 * len(maps) + 0.6), squeeze=False)
-    for i, (name, row) in enumerate(maps):
-        ax = axes[i, 0]
-        ax.imshow(img[0, 0].numpy(), cmap="gray")
-        ps = img_size / gw
-        ax.add_patch(plt.Rectangle((qc * ps - 0.5, qr * ps - 0.5), ps, ps, fill=False, ec="red", lw=1.5))
-        ax.set_ylabel(name, fontsize=10)
-        panels = [("mean of heads", row.mean(0))] + [(f"head {h}", row[h]) for h in range(row.shape[0])]
-        for j, (title, m) in enumerate(panels):
-            a = axes[i, 1 + j]
-            a.imshow(m.reshape(gh, gw).numpy(), cmap="magma")
-            a.plot([qc], [qr], marker="+", color="cyan", ms=8)
-            if i == 0:
-                a.set_title(title, fontsize=9)
-        for j in range(1 + len(panels), ncols):
-            axes[i, j].axis("off")
-        for a in axes[i]:
-            a.set_xticks([])
-            a.set_yticks([])
-    axes[0, 0].set_title("image + query", fontsize=9)
     ck = f"checkpoint {checkpoint}" if checkpoint else "untrained, shared weights"
-    fig.suptitle(f"attention of query patch ({qr},{qc}), first block of {model} @ {img_size}px, {ck}\n{desc}",
-                 fontsize=9)
-    fig.tight_layout()
-    os.makedirs(out, exist_ok=True)
-    fig_path = os.path.join(out, "maps.png")
-    fig.savefig(fig_path, dpi=110)
-    plt.close(fig)
+    title = f"attention of query patch ({qr},{qc}), first block of {model} @ {img_size}px, {ck}\n{desc}"
+    fig_path = _figure(maps, img, (gh, gw), (qr, qc), img_size / gw, title, out)
     notes = [f"model {model} at {img_size}x{img_size} ({gh}x{gw} patches + {prefix} prefix), query patch "
              f"({qr},{qc}), {ck}; image: {desc}",
              "each panel uses its own colour scale; kernel mixers' weights are unnormalised",
@@ -125,6 +85,44 @@ def run(out: str, mixers: Optional[Sequence[str]] = None, model: str = "vit_nano
              "on the query's 3x3 neighbourhood"] + notes
     files = write_table(rows, out, "maps", "Attention maps of one query, per mixer", notes, fig_path, command)
     return files + [fig_path]
+
+
+def _query_row(net: torch.nn.Module, base: torch.nn.Module, img: torch.Tensor, grid, qr: int, qc: int):
+    """The first block's ``(heads, H*W)`` weights of query patch ``(qr, qc)`` in ``net``, given the
+    weights ``base`` shares with it."""
+    prefix, gh, gw = grid
+    copy_matching(net, base)
+    _, layer, x = capture_mixer_inputs(net, img)[0]
+    att = layer.attention_map(x, hw=(gh, gw), num_prefix_tokens=prefix)
+    return att[0, :, prefix + qr * gw + qc, prefix:].float()
+
+
+def _figure(maps, img: torch.Tensor, hw, query, patch: float, title: str, out: str) -> str:
+    """A row per mixer: the image with the query marked, the mean map and one map per head."""
+    plt = pyplot()
+    (gh, gw), (qr, qc) = hw, query
+    ncols = 2 + max(r.shape[0] for _, r in maps)
+    fig, axes = plt.subplots(len(maps), ncols, figsize=(2.1 * ncols, 2.2 * len(maps) + 0.6), squeeze=False)
+    for i, (name, row) in enumerate(maps):
+        ax = axes[i, 0]
+        ax.imshow(img[0, 0].numpy(), cmap="gray")
+        ax.add_patch(plt.Rectangle((qc * patch - 0.5, qr * patch - 0.5), patch, patch, fill=False, ec="red", lw=1.5))
+        ax.set_ylabel(name, fontsize=10)
+        panels = [("mean of heads", row.mean(0))] + [(f"head {h}", row[h]) for h in range(row.shape[0])]
+        for j, (panel_title, m) in enumerate(panels):
+            a = axes[i, 1 + j]
+            a.imshow(m.reshape(gh, gw).numpy(), cmap="magma")
+            a.plot([qc], [qr], marker="+", color="cyan", ms=8)
+            if i == 0:
+                a.set_title(panel_title, fontsize=9)
+        for j in range(1 + len(panels), ncols):
+            axes[i, j].axis("off")
+        for a in axes[i]:
+            a.set_xticks([])
+            a.set_yticks([])
+    axes[0, 0].set_title("image + query", fontsize=9)
+    fig.suptitle(title, fontsize=9)
+    return save_figure(fig, out, "maps.png")
 
 
 __all__ = ["run", "mixers_with_maps", "map_stats"]

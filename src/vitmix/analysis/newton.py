@@ -16,7 +16,8 @@ from typing import List, Optional
 
 import torch
 
-from ._common import pyplot, write_table
+from .._util import write_csv
+from ._common import pyplot, save_figure, write_table
 from .approx import kernel_inputs, pool_landmarks, real_qkv
 
 
@@ -81,6 +82,24 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
                          f"patches (use fewer landmarks or a larger --img-size)")
     mats = landmark_matrices(q, k, (h, w), side, lam)
     rows = residual_curves(mats, iters, eps)
+    ck = f"checkpoint {checkpoint}" if checkpoint else "untrained weights"
+    fig_path = _figure(rows, eps, landmarks, f"first layer of {model} @ {img_size}px, {ck}; {desc}", out)
+    notes = [f"landmark kernels A (m={landmarks}) from the first attention layer of {model} at {img_size}x{img_size}, "
+             f"{ck}; images: {desc}",
+             "gaussian: tied, symmetric (SOFT); laplacian: separate q/k landmarks, non-symmetric (LaplacianFormer)",
+             "start: newton_alpha of vitmix.ops.newton_schulz_inverse ('safe': alpha*P for symmetric matrices, the "
+             "scaled identity where the symmetric part is positive definite, else alpha*P^T; 'transpose': alpha*P^T; "
+             "'official': the authors' CUDA, alpha*P); inf = diverged",
+             "residuals are ||I - A V_t||_F / sqrt(m), mean over images and heads; the full curves are in "
+             "newton_curves.csv"]
+    title = "Newton–Schulz convergence on landmark kernels"
+    files = write_table(_summary(mats, rows, iters, eps), out, "newton", title, notes, fig_path, command)
+    curve_path = write_csv(os.path.join(out, "newton_curves.csv"), rows)
+    return files + [curve_path, fig_path]
+
+
+def _summary(mats: dict, rows: List[dict], iters: int, eps: float) -> List[dict]:
+    """Per kernel, start and ε: the median condition numbers and the residuals after 5, 10, 20 and ``iters`` steps."""
     summary = []
     for kernel, a in mats.items():
         ad = a.double()
@@ -95,7 +114,11 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
                             "median_cond_A+epsI": float(cond_p),
                             **{f"res_A@{t}": r[t] for t in (5, 10, 20, iters) if t in r},
                             "res_P@20": rp.get(20, math.nan), f"res_P@{iters}": rp[iters]})
+    return summary
 
+
+def _figure(rows: List[dict], eps: float, landmarks: int, title: str, out: str) -> str:
+    """The residual curves, a panel per kernel and a line per start; returns the path."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     colors = {"safe": "tab:orange", "transpose": "tab:green", "official": "tab:red"}
@@ -112,31 +135,8 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("‖I − ·V‖_F / √m (mean over images, heads)")
-    ck = f"checkpoint {checkpoint}" if checkpoint else "untrained weights"
-    fig.suptitle(f"first layer of {model} @ {img_size}px, {ck}; {desc}", fontsize=9)
-    fig.tight_layout()
-    os.makedirs(out, exist_ok=True)
-    fig_path = os.path.join(out, "newton.png")
-    fig.savefig(fig_path, dpi=110)
-    plt.close(fig)
-    notes = [f"landmark kernels A (m={landmarks}) from the first attention layer of {model} at {img_size}x{img_size}, "
-             f"{ck}; images: {desc}",
-             "gaussian: tied, symmetric (SOFT); laplacian: separate q/k landmarks, non-symmetric (LaplacianFormer)",
-             "start: newton_alpha of vitmix.ops.newton_schulz_inverse ('safe': alpha*P for symmetric matrices, the "
-             "scaled identity where the symmetric part is positive definite, else alpha*P^T; 'transpose': alpha*P^T; "
-             "'official': the authors' CUDA, alpha*P); inf = diverged",
-             "residuals are ||I - A V_t||_F / sqrt(m), mean over images and heads; the full curves are in "
-             "newton_curves.csv"]
-    files = write_table(summary, out, "newton", "Newton–Schulz convergence on landmark kernels", notes, fig_path,
-                        command)
-    import csv
-
-    curve_path = os.path.join(out, "newton_curves.csv")
-    with open(curve_path, "w", newline="") as fh:
-        wr = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
-    return files + [curve_path, fig_path]
+    fig.suptitle(title, fontsize=9)
+    return save_figure(fig, out, "newton.png")
 
 
 __all__ = ["run", "landmark_matrices", "residual_curves"]

@@ -244,11 +244,11 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
     """FLOPs of :func:`vitmix.ops.nystrom_attention` for one (batch, head) slice.
 
     Kernel blocks cost one distance product each (``2·rows·cols·d``; the Gaussian via a GEMM, the
-    Laplacian via ``cdist``), Newton–Schulz ``4·m³`` per iteration (two ``m×m`` products), the
-    exact inverse ``2m³/3 + 2m³`` (LU, then solves against the identity), and the right-to-left products ``2·N·m·d_v`` / ``2·m²·d_v`` each. Untied
-    landmarks with the ``"safe"`` start (``start``, the ``newton_alpha`` option) add the start choice
-    (a Cholesky, ``m³/3``) and the ``2·m³`` residual check of the identity start (a rare rerun is not
-    counted).
+    Laplacian via ``cdist``), Newton–Schulz ``4·m³`` per iteration (two ``m×m`` products), the exact
+    inverse ``2m³/3 + 2m³`` (LU, then solves against the identity), and the right-to-left products
+    ``2·N·m·d_v`` / ``2·m²·d_v`` each. Untied landmarks with the ``"safe"`` start (``start``, the
+    ``newton_alpha`` option) add the start choice (a Cholesky, ``m³/3``) and the ``2·m³`` residual check
+    of the identity start (a rare rerun is not counted).
     """
     nk = n if n_keys is None else n_keys
     dv = d if d_v is None else d_v

@@ -1,12 +1,12 @@
 """Writing a sweep to disk: ``results.csv``, ``results.json``, ``results.md`` and log–log PNG plots."""
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .._util import markdown_table as _markdown, write_csv
 from .config import BenchConfig, SweepResult
 
 COLUMNS = [
@@ -69,25 +69,26 @@ def markdown_table(rows: List[dict], kind: str) -> str:
     size_col = "N" if kind == "mixer" else "image"
     header = [size_col, "pass", "name", "median ms", "throughput", "peak MiB", "GFLOPs",
               "speed-up vs softmax", "memory vs softmax", "status / note"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        unit = (r.get("throughput_unit") or "").replace("/s", "")
-        thr = f"{_fmt(r.get('throughput'))} {unit}/s" if r.get("throughput") else ""
-        speed = f"{r['speedup_vs_softmax']:.2f}×" if r.get("speedup_vs_softmax") else ""
-        mem = f"{r['memory_vs_softmax']:.2f}×" if r.get("memory_vs_softmax") else ""
-        note = r.get("note") or ""
-        status = r["status"] if r["status"] != "ok" else ""
-        tail = "; ".join(s for s in (status, note) if s).replace("|", "/")
-        name = r["name"] + (" (baseline)" if r.get("baseline") else "")
-        gf = _fmt(r.get("gflops"))
-        if r.get("flops_source") == "analytic":
-            gf += "†"
-        elif r.get("flops_source") == "counter (lower bound)":
-            gf = "≥" + gf
-        lines.append("| " + " | ".join([
-            str(r["size"]), r["pass"], name, _fmt(r.get("median_ms")), thr, _fmt(r.get("peak_mib")), gf,
-            speed, mem, tail]) + " |")
-    return "\n".join(lines)
+    return _markdown(header, (_table_cells(r) for r in rows))
+
+
+def _table_cells(r: dict) -> List[str]:
+    """One row of :func:`markdown_table`'s cells."""
+    unit = (r.get("throughput_unit") or "").replace("/s", "")
+    thr = f"{_fmt(r.get('throughput'))} {unit}/s" if r.get("throughput") else ""
+    speed = f"{r['speedup_vs_softmax']:.2f}×" if r.get("speedup_vs_softmax") else ""
+    mem = f"{r['memory_vs_softmax']:.2f}×" if r.get("memory_vs_softmax") else ""
+    note = r.get("note") or ""
+    status = r["status"] if r["status"] != "ok" else ""
+    tail = "; ".join(s for s in (status, note) if s).replace("|", "/")
+    name = r["name"] + (" (baseline)" if r.get("baseline") else "")
+    gf = _fmt(r.get("gflops"))
+    if r.get("flops_source") == "analytic":
+        gf += "†"
+    elif r.get("flops_source") == "counter (lower bound)":
+        gf = "≥" + gf
+    return [str(r["size"]), r["pass"], name, _fmt(r.get("median_ms")), thr, _fmt(r.get("peak_mib")), gf,
+            speed, mem, tail]
 
 
 def _series(rows: List[dict], metric: str) -> Dict[Tuple[str, str], List[Tuple[float, float]]]:
@@ -153,6 +154,33 @@ def plot(rows: List[dict], kind: str, metric: str, path: str, title: str) -> Opt
     return path
 
 
+def loglog_panels(rows: List[dict], series: str, names: Sequence[str], x: str, xlabel: str,
+                  panels: Sequence[Tuple[str, str, str]], title: str, path) -> None:
+    """A figure of log–log panels, one per ``(y key, y label, panel title)`` in ``panels``, with a line per
+    name in ``names`` (the rows whose ``series`` value it is) against ``rows[x]``; written to ``path``.
+
+    For one-off studies (``benchmarks/*.py``) whose rows are not a sweep's.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for name in names:
+        sel = [r for r in rows if r[series] == name]
+        for ax, (y, _, _) in zip(axes[0], panels):
+            ax.loglog([r[x] for r in sel], [r[y] for r in sel], "o-", label=name)
+    for ax, (_, ylabel, panel_title) in zip(axes[0], panels):
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=panel_title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def load_results(path: str) -> Tuple[SweepResult, Optional[str]]:
     """Read a ``results.json`` back as ``(SweepResult, command)`` (e.g. to redraw its plots)."""
 
@@ -172,13 +200,7 @@ def write_results(result: SweepResult, out_dir: str, command: Optional[str] = No
     rows = result.rows
     kind = "mixer" if result.config.kind == "mixers" else "model"
     paths = []
-    csv_path = os.path.join(out_dir, "results.csv")
-    with open(csv_path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: r.get(k) for k in COLUMNS})
-    paths.append(csv_path)
+    paths.append(write_csv(os.path.join(out_dir, "results.csv"), rows, COLUMNS))
     json_path = os.path.join(out_dir, "results.json")
     payload = result.to_dict()
     payload["command"] = command
@@ -225,14 +247,11 @@ def markdown_report(result: SweepResult, command: Optional[str], plot_names: Seq
     parts += [markdown_table(result.rows, kind), ""]
     slopes = slope_table(result.rows, kind)
     if slopes:
-        parts += [f"Fitted log–log slopes (against {'N' if kind == 'mixer' else 'pixels'}; 1 = linear, "
-                  "2 = quadratic):", "", "| name | pass | time slope | memory slope |", "|---|---|---|---|"]
         names = sorted({(k[1], k[2]) for k in slopes}, key=lambda t: (t[1], t[0]))
-        for pass_name, name in names:
-            ts = slopes.get(("median_ms", pass_name, name))
-            ms = slopes.get(("peak_mib", pass_name, name))
-            parts.append(f"| {name} | {pass_name} | {_fmt(ts)} | {_fmt(ms)} |")
-        parts.append("")
+        cells = [[name, pass_name, _fmt(slopes.get(("median_ms", pass_name, name))),
+                  _fmt(slopes.get(("peak_mib", pass_name, name)))] for pass_name, name in names]
+        parts += [f"Fitted log–log slopes (against {'N' if kind == 'mixer' else 'pixels'}; 1 = linear, "
+                  "2 = quadratic):", "", _markdown(["name", "pass", "time slope", "memory slope"], cells), ""]
     for p in plot_names:
         parts += [f"![{p}]({p})", ""]
     return "\n".join(parts)
@@ -245,4 +264,4 @@ def summary_text(result: SweepResult) -> str:
 
 
 __all__ = ["write_results", "load_results", "markdown_table", "markdown_report", "summary_text", "fit_slope", "plot",
-           "slope_table", "COLUMNS"]
+           "slope_table", "loglog_panels", "COLUMNS"]

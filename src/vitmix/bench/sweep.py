@@ -10,14 +10,14 @@ skipped with the reason. Once the budget is spent the sweep stops and marks the 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .._util import autocast, close_matches
 from .config import (  # noqa: F401  (re-exported: the sweep's public names)
     DEFAULT_BASELINE_MODEL, DEFAULT_IMAGE_SIZES, DEFAULT_TOKENS, LAYER_DEFAULTS, PASSES, BenchConfig, SweepResult,
     Target,
@@ -65,7 +65,6 @@ def parse_mixer_spec(spec: str) -> Target:
 def resolve_targets(config: BenchConfig) -> List[Target]:
     """Validate the names (``ValueError`` with close matches) and add the softmax baseline."""
     from ..mixers import get_mixer_class, list_mixers
-    from ..mixers.base import close_matches
 
     names = [n.strip() for n in config.names if n.strip()]
     if not names:
@@ -114,8 +113,6 @@ def resolve_targets(config: BenchConfig) -> List[Target]:
 
 def validate(config: BenchConfig) -> None:
     """Check every setting up front so a sweep never fails half way through on a typo."""
-    from ..mixers.base import close_matches
-
     if config.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {config.dtype!r}." + close_matches(config.dtype, DTYPES)
                          + f" Choose from {', '.join(DTYPES)}")
@@ -239,17 +236,13 @@ def _build_model(target: Target, size: int, config: BenchConfig, device) -> _Poi
 
 def _make_fn(point: _Point, pass_name: str, device, dtype: str):
     module, x = point.module, point.inputs
-
-    def autocast():
-        if dtype == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+    amp_dtype = DTYPES[dtype]
 
     if pass_name == "fwd":
         module.eval()
 
         def fn():
-            with torch.no_grad(), autocast():
+            with torch.no_grad(), autocast(device, amp_dtype):
                 return point.call(x)
     else:
         module.train()
@@ -258,7 +251,7 @@ def _make_fn(point: _Point, pass_name: str, device, dtype: str):
         def fn():
             module.zero_grad(set_to_none=True)
             xg.grad = None
-            with autocast():
+            with autocast(device, amp_dtype):
                 out = point.call(xg)
             out.float().sum().backward()
     return fn
@@ -303,124 +296,156 @@ def run_sweep(config: BenchConfig, progress: bool = True) -> SweepResult:
         torch.set_num_threads(threads)
 
 
+@dataclass
+class _Sweep:
+    """What the sweep carries from one point to the next: the budget, the limits and the history."""
+
+    config: BenchConfig
+    device: torch.device
+    mem_limit: Optional[int]
+    start: float
+    stopped: bool = False
+    #: (label, pass) → measured (x, seconds) and (x, bytes), x = tokens or pixels
+    history: Dict[Tuple[str, str], Dict[str, List[Tuple[float, float]]]] = field(default_factory=dict)
+    #: (label, pass) → why every larger size of that target is skipped
+    blocked: Dict[Tuple[str, str], str] = field(default_factory=dict)
+
+
 def _run_sweep(config: BenchConfig, progress: bool) -> SweepResult:
     from .env import environment, load_average
 
     targets = resolve_targets(config)
     check_mixer_options(targets, config)
     device = resolve_device(config.device)
-    sizes = sorted({int(s) for s in (config.sizes or (DEFAULT_TOKENS if config.kind == "mixers"
-                                                      else DEFAULT_IMAGE_SIZES))})
-    mem_limit = (int(config.max_memory_gb * 2 ** 30) if config.max_memory_gb
-                 else (lambda a: a // 2 if a else None)(_available_bytes(device)))
+    sweep = _Sweep(config, device, _memory_limit(config, device), time.perf_counter())
     env = environment(device)
     env["memory_method"] = memory_method(device) if config.measure_memory else "off"
-    env["memory_limit_gib"] = round(mem_limit / 2 ** 30, 2) if mem_limit else None
+    env["memory_limit_gib"] = round(sweep.mem_limit / 2 ** 30, 2) if sweep.mem_limit else None
     builder = _build_mixer if config.kind == "mixers" else _build_model
-
-    # baseline first within each size, so a budget that runs out still leaves ratios for what ran
-    ordered = sorted(targets, key=lambda t: not t.baseline)
-    jobs = [(size, t, p) for size in sizes for t in ordered for p in config.passes]
+    jobs = _jobs(config, targets)
     rows: List[dict] = []
-    history: Dict[Tuple[str, str], Dict[str, List[Tuple[float, float]]]] = {}
-    blocked: Dict[Tuple[str, str], str] = {}
-    start = time.perf_counter()
-    stopped = False
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(jobs), desc=f"vitmix bench {config.kind}", unit="pt", leave=False)
+    bar = _progress_bar(config, len(jobs)) if progress else None
     try:
         for size, target, pass_name in jobs:
-            key = (target.label, pass_name)
-            row = {"kind": config.kind[:-1], "name": target.label, "baseline": target.baseline,
-                   "options": (",".join(f"{k}={v}" for k, v in layer_options(target).items())
-                               if config.kind == "mixers" else ""),
-                   "size": size, "tokens": size if config.kind == "mixers" else None,
-                   "batch": config.batch, "dim": config.dim if config.kind == "mixers" else None,
-                   "heads": config.heads if config.kind == "mixers" else None,
-                   "dtype": config.dtype, "pass": pass_name, "device": str(device),
-                   "status": "ok", "note": ""}
             if bar is not None:
                 bar.set_postfix_str(f"{target.label} {size} {pass_name}")
-            elapsed = time.perf_counter() - start
-            remaining = config.max_seconds - elapsed
-            if stopped or remaining <= 0:
-                stopped = True
-                row.update(status="not run", note=f"budget of {config.max_seconds:g} s exhausted")
-                rows.append(row)
-                if bar is not None:
-                    bar.update(1)
-                continue
-            if key in blocked:
-                row.update(status="skipped", note=blocked[key])
-                rows.append(row)
-                if bar is not None:
-                    bar.update(1)
-                continue
-            hist = history.setdefault(key, {"time": [], "mem": []})
-            x_scale = size if config.kind == "mixers" else size * size
-            t_pred = _extrapolate(hist["time"], x_scale)
-            m_pred = _extrapolate(hist["mem"], x_scale)
-            # warm-up + at least 3 timed calls, + one FLOP-counting and one memory-tracking call
-            calls = 4 + int(config.measure_flops) + int(config.measure_memory)
-            if t_pred is not None and t_pred * calls + config.min_run_time > remaining:
-                note = (f"predicted ~{t_pred * calls + config.min_run_time:.0f} s for this point exceeds the "
-                        f"remaining budget of {remaining:.0f} s")
-                row.update(status="skipped", note=note)
-                blocked[key] = "a smaller size was already predicted to exceed the time budget"
-                rows.append(row)
-                if bar is not None:
-                    bar.update(1)
-                continue
-            if m_pred is not None and mem_limit and m_pred > mem_limit:
-                note = (f"predicted peak memory {m_pred / 2 ** 30:.1f} GiB exceeds the limit "
-                        f"{mem_limit / 2 ** 30:.1f} GiB")
-                row.update(status="skipped", note=note)
-                blocked[key] = "a smaller size was already predicted to exceed the memory limit"
-                rows.append(row)
-                if bar is not None:
-                    bar.update(1)
-                continue
-            try:
-                _measure_point(row, builder, target, size, pass_name, config, device)
-            except ValueError as err:
-                row.update(status="skipped", note=f"invalid size: {err}")
-            except (RuntimeError, MemoryError) as err:
-                if _is_oom(err):
-                    row.update(status="skipped", note="out of memory")
-                    blocked[key] = "a smaller size ran out of memory"
-                else:
-                    row.update(status="error", note=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
-            finally:
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            if row["status"] == "ok":
-                hist["time"].append((x_scale, row["median_ms"] / 1e3))
-                if row.get("peak_mib"):
-                    hist["mem"].append((x_scale, row["peak_mib"] * 2 ** 20))
-            rows.append(row)
+            rows.append(_run_point(sweep, builder, size, target, pass_name))
             if bar is not None:
                 bar.update(1)
     except KeyboardInterrupt:
-        stopped = True
-        done = len(rows)
-        for size, target, pass_name in jobs[done:]:
-            rows.append({"kind": config.kind[:-1], "name": target.label, "baseline": target.baseline,
-                         "size": size, "dtype": config.dtype, "pass": pass_name, "device": str(device),
-                         "status": "not run", "note": "interrupted"})
+        sweep.stopped = True
+        rows += [_interrupted_row(config, device, *job) for job in jobs[len(rows):]]
     finally:
         if bar is not None:
             bar.close()
     _add_ratios(rows)
     env["load_average_1m_end"] = load_average()
-    result = SweepResult(config, rows, env, stopped_early=stopped, elapsed_s=time.perf_counter() - start)
-    if stopped:
+    result = SweepResult(config, rows, env, stopped_early=sweep.stopped, elapsed_s=time.perf_counter() - sweep.start)
+    if sweep.stopped:
         result.notes.append(f"the sweep stopped early (budget {config.max_seconds:g} s); rows marked "
                             f"'not run' were not measured")
     return result
+
+
+def _memory_limit(config: BenchConfig, device: torch.device) -> Optional[int]:
+    """``--max-memory-gb`` in bytes, else half of what the device has free now (``None``: unknown)."""
+    if config.max_memory_gb:
+        return int(config.max_memory_gb * 2 ** 30)
+    available = _available_bytes(device)
+    return available // 2 if available else None
+
+
+def _jobs(config: BenchConfig, targets: List[Target]) -> List[Tuple[int, Target, str]]:
+    """``(size, target, pass)`` smallest size first; the baseline first within each size, so a budget
+    that runs out still leaves ratios for what ran."""
+    default = DEFAULT_TOKENS if config.kind == "mixers" else DEFAULT_IMAGE_SIZES
+    sizes = sorted({int(s) for s in (config.sizes or default)})
+    ordered = sorted(targets, key=lambda t: not t.baseline)
+    return [(size, t, p) for size in sizes for t in ordered for p in config.passes]
+
+
+def _progress_bar(config: BenchConfig, total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"vitmix bench {config.kind}", unit="pt", leave=False)
+
+
+def _new_row(config: BenchConfig, device: torch.device, size: int, target: Target, pass_name: str) -> dict:
+    mixers = config.kind == "mixers"
+    return {"kind": config.kind[:-1], "name": target.label, "baseline": target.baseline,
+            "options": ",".join(f"{k}={v}" for k, v in layer_options(target).items()) if mixers else "",
+            "size": size, "tokens": size if mixers else None, "batch": config.batch,
+            "dim": config.dim if mixers else None, "heads": config.heads if mixers else None,
+            "dtype": config.dtype, "pass": pass_name, "device": str(device), "status": "ok", "note": ""}
+
+
+def _interrupted_row(config: BenchConfig, device: torch.device, size: int, target: Target, pass_name: str) -> dict:
+    return {"kind": config.kind[:-1], "name": target.label, "baseline": target.baseline, "size": size,
+            "dtype": config.dtype, "pass": pass_name, "device": str(device), "status": "not run",
+            "note": "interrupted"}
+
+
+def _run_point(sweep: _Sweep, builder, size: int, target: Target, pass_name: str) -> dict:
+    """One row: measured, or skipped/not run with the reason (budget, prediction, earlier failure)."""
+    config = sweep.config
+    row = _new_row(config, sweep.device, size, target, pass_name)
+    key = (target.label, pass_name)
+    remaining = config.max_seconds - (time.perf_counter() - sweep.start)
+    if sweep.stopped or remaining <= 0:
+        sweep.stopped = True
+        row.update(status="not run", note=f"budget of {config.max_seconds:g} s exhausted")
+        return row
+    if key in sweep.blocked:
+        row.update(status="skipped", note=sweep.blocked[key])
+        return row
+    hist = sweep.history.setdefault(key, {"time": [], "mem": []})
+    x_scale = size if config.kind == "mixers" else size * size
+    skip = _predicted_skip(sweep, hist, x_scale, remaining)
+    if skip is not None:
+        row.update(status="skipped", note=skip[0])
+        sweep.blocked[key] = skip[1]
+        return row
+    _measure_or_note(row, sweep, builder, target, size, pass_name)
+    if row["status"] == "ok":
+        hist["time"].append((x_scale, row["median_ms"] / 1e3))
+        if row.get("peak_mib"):
+            hist["mem"].append((x_scale, row["peak_mib"] * 2 ** 20))
+    return row
+
+
+def _predicted_skip(sweep: _Sweep, hist: dict, x_scale: float, remaining: float) -> Optional[Tuple[str, str]]:
+    """``(note, reason for the larger sizes)`` when the extrapolated time or memory does not fit."""
+    config = sweep.config
+    t_pred = _extrapolate(hist["time"], x_scale)
+    m_pred = _extrapolate(hist["mem"], x_scale)
+    # warm-up + at least 3 timed calls, + one FLOP-counting and one memory-tracking call
+    calls = 4 + int(config.measure_flops) + int(config.measure_memory)
+    if t_pred is not None and t_pred * calls + config.min_run_time > remaining:
+        return (f"predicted ~{t_pred * calls + config.min_run_time:.0f} s for this point exceeds the "
+                f"remaining budget of {remaining:.0f} s",
+                "a smaller size was already predicted to exceed the time budget")
+    if m_pred is not None and sweep.mem_limit and m_pred > sweep.mem_limit:
+        return (f"predicted peak memory {m_pred / 2 ** 30:.1f} GiB exceeds the limit "
+                f"{sweep.mem_limit / 2 ** 30:.1f} GiB",
+                "a smaller size was already predicted to exceed the memory limit")
+    return None
+
+
+def _measure_or_note(row: dict, sweep: _Sweep, builder, target: Target, size: int, pass_name: str) -> None:
+    """Measure the point into ``row``; a rejected size, out-of-memory or other error becomes its note."""
+    try:
+        _measure_point(row, builder, target, size, pass_name, sweep.config, sweep.device)
+    except ValueError as err:
+        row.update(status="skipped", note=f"invalid size: {err}")
+    except (RuntimeError, MemoryError) as err:
+        if _is_oom(err):
+            row.update(status="skipped", note="out of memory")
+            sweep.blocked[(target.label, pass_name)] = "a smaller size ran out of memory"
+        else:
+            row.update(status="error", note=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    finally:
+        if sweep.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _measure_point(row: dict, builder, target: Target, size: int, pass_name: str, config: BenchConfig,

@@ -10,7 +10,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import torch
 
@@ -30,11 +30,12 @@ import torch.utils.benchmark as tbench  # noqa: E402  (after the filter)
 
 @dataclass
 class TimeResult:
-    """Median seconds per call, the individual samples and the method used."""
+    """Median seconds per call, the individual samples, the method used and the warm-up call's seconds."""
 
     median_s: float
     samples: List[float]
     method: str
+    warmup_s: float = 0.0
 
     @property
     def iqr_s(self) -> float:
@@ -51,39 +52,65 @@ def _sync(device: torch.device) -> None:
 
 
 def time_call(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2, min_samples: int = 3,
-              warmup: int = 1) -> TimeResult:
-    """Median latency of ``fn()`` after ``warmup`` calls.
+              warmup: int = 1, max_seconds: Optional[float] = None,
+              long_call_s: Optional[float] = None) -> TimeResult:
+    """Median latency of ``fn()`` after ``warmup`` calls (at least one: it picks the method).
 
     Calls slower than ``min_run_time / min_samples`` are timed one at a time ``min_samples``
-    times; faster ones with ``blocked_autorange(min_run_time)`` (CPU) or an event loop (CUDA).
+    times (``min_run_time=0``: always); faster ones with ``blocked_autorange(min_run_time)`` (CPU)
+    or an event loop (CUDA). For calls of many seconds: ``max_seconds`` stops the one-at-a-time CPU
+    samples once they took that long (at least one is taken), and a warm-up call of at least
+    ``long_call_s`` seconds is itself the only sample.
     """
     device = torch.device(device)
-    start = time.perf_counter()
-    for _ in range(max(warmup, 1)):
-        fn()
-        _sync(device)
-    first = (time.perf_counter() - start) / max(warmup, 1)
+    first = _warm_up(fn, device, warmup)
+    if long_call_s is not None and first >= long_call_s:
+        return TimeResult(first, [first], "the warm-up call alone (too slow to repeat)", first)
     if device.type == "cuda":
-        n = max(min_samples, min(200, int(min_run_time / max(first, 1e-6))))
-        samples = []
-        for _ in range(n):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            samples.append(begin.elapsed_time(end) / 1e3)
-        return TimeResult(statistics.median(samples), samples, "CUDA events")
+        samples = _cuda_samples(fn, device, max(min_samples, min(200, int(min_run_time / max(first, 1e-6)))))
+        return TimeResult(statistics.median(samples), samples, "CUDA events", first)
     timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     method = f"torch.utils.benchmark ({torch.get_num_threads()} threads)"
     if first * min_samples >= min_run_time:
-        samples = [timer.timeit(1).median for _ in range(min_samples)]
+        samples = _single_calls(timer, min_samples, max_seconds)
     else:
         measurement = timer.blocked_autorange(min_run_time=min_run_time)
         samples = list(measurement.times)
         if len(samples) < min_samples:
             samples += [timer.timeit(1).median for _ in range(min_samples - len(samples))]
-    return TimeResult(statistics.median(samples), samples, method)
+    return TimeResult(statistics.median(samples), samples, method, first)
+
+
+def _warm_up(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Run ``fn`` ``calls`` times (at least once); the mean seconds per call."""
+    calls = max(calls, 1)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+        _sync(device)
+    return (time.perf_counter() - start) / calls
+
+
+def _cuda_samples(fn: Callable[[], object], device: torch.device, n: int) -> List[float]:
+    """Seconds of ``n`` calls, each between two CUDA events."""
+    samples = []
+    for _ in range(n):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        samples.append(begin.elapsed_time(end) / 1e3)
+    return samples
+
+
+def _single_calls(timer, n: int, max_seconds: Optional[float]) -> List[float]:
+    """``n`` one-call timings, fewer (at least one) once ``max_seconds`` went into them."""
+    samples: List[float] = []
+    start = time.perf_counter()
+    while len(samples) < n and (not samples or max_seconds is None or time.perf_counter() - start < max_seconds):
+        samples.append(timer.timeit(1).median)
+    return samples
 
 
 __all__ = ["TimeResult", "time_call"]

@@ -11,8 +11,8 @@ from PIL import Image
 from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset
 
-from ..mixers.base import close_matches
-from .idx import read_idx
+from .._util import close_matches
+from .idx import find_idx, read_idx
 
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
@@ -81,20 +81,11 @@ def _digits(data_dir, download, img_size, augment, val_fraction: float = 0.2, sp
             ArrayImageDataset(images[idx_val], digits.target[idx_val], t_val), DIGITS_INFO)
 
 
-# --- Fashion-MNIST from raw idx files ---------------------------------------------------------------------
+# --- Fashion-MNIST from raw idx files (data/idx.py says why not torchvision's reader) -----------------------
 
 FASHION_INFO = DatasetInfo("fashion-mnist", 10, 1, 28, (0.2860,), (0.3530,), FASHION_MNIST_CLASSES)
 _FASHION_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                   "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-
-
-def _find_idx(root: Path, stem: str) -> Optional[Path]:
-    for sub in ("", "raw", "FashionMNIST/raw"):
-        for suffix in ("", ".gz"):
-            p = root / sub / (stem + suffix)
-            if p.is_file():
-                return p
-    return None
 
 
 def _fashion_mnist(data_dir, download, img_size, augment):
@@ -108,7 +99,7 @@ def _fashion_mnist(data_dir, download, img_size, augment):
         roots = [root]
     arrays = {}
     for split, (img_stem, lbl_stem) in _FASHION_FILES.items():
-        paths = [next((p for p in (_find_idx(r, s) for r in roots) if p), None) for s in (img_stem, lbl_stem)]
+        paths = [next((p for p in (find_idx(r, s) for r in roots) if p), None) for s in (img_stem, lbl_stem)]
         if None in paths:
             looked = ", ".join(str(r) for r in roots)
             raise FileNotFoundError(

@@ -12,22 +12,17 @@ that remains after the fewest prefix (CLS/register) tokens: ``N = P + S*S``.
 """
 from __future__ import annotations
 
-import difflib
 import math
-from typing import Iterable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
+from .._util import close_matches  # also imported from here by the mixers
+
 # Keyword arguments that some timm versions pass to ``attn_layer`` and that mixers may ignore.
 _TIMM_EXTRA_KWARGS = frozenset({"depth", "device", "dtype", "attn_head_dim", "dim_out", "gated"})
 _MAX_INFERRED_PREFIX = 16
-
-
-def close_matches(name: str, options: Iterable[str], n: int = 3) -> str:
-    """A ``" Did you mean: a, b?"`` suffix for error messages (empty when nothing is close)."""
-    matches = difflib.get_close_matches(name, list(options), n=n, cutoff=0.5)
-    return f" Did you mean: {', '.join(matches)}?" if matches else ""
 
 
 def infer_grid(n_tokens: int, num_prefix_tokens: Optional[int] = None) -> Tuple[int, int, int]:

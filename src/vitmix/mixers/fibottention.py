@@ -15,6 +15,11 @@ ViT-B/16 224² (N = 196, 12 heads). See :mod:`vitmix.ops.fibonacci` for the offs
 - ``"official"``: the official code's multiplicative 0/1 mask on the logits (masked keys keep
   weight ``e⁰/Z``), O(N²), for reproducing the official numbers.
 
+``preset="official"`` gives the official image code's behaviour where vitmix departs from it: the
+multiplicative mask (``mode="official"``), Python's ``random`` head order (``shuffle="official"``)
+and one head order for every layer (``shuffle_per_layer=False``: the official module-global mask
+cache is built by layer 0 and reused by all layers); see ``docs/presets.md``.
+
 Layer index: timm's ``Block`` does not tell its attention module where it sits, but the head
 shuffle depends on it. vitmix's Fibottention models set it; for a stock timm model call
 :func:`assign_layer_indices` after building it (``layer_idx=None`` behaves as layer 0).
@@ -31,6 +36,7 @@ from ..ops.sparse_diagonal import (
     BACKENDS, diagonal_plan, masked_diagonal_attention, official_diagonal_attention, sparse_diagonal_attention,
 )
 from .base import AttentionProjections, TokenMixer, close_matches
+from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .registry import register_mixer
 
 __all__ = ["FibottentionAttention", "assign_layer_indices", "MODES"]
@@ -44,14 +50,19 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
     """Fibottention multi-head attention, timm-compatible (parameter names of ``timm`` Attention).
 
     Args:
-        mode: ``"sparse"`` (default) | ``"masked"`` | ``"official"`` (see the module docstring).
+        preset: ``"default"`` or ``"official"`` (the official image code; values in :attr:`presets`).
+            The options marked *(preset)* default to the preset's value; passing one explicitly
+            overrides the preset for that option only (ablation / reproduction switches).
+        mode *(preset)*: ``"sparse"`` (default) | ``"masked"`` | ``"official"`` (see the module docstring).
         w_min: smallest per-head window (official: 5).
         w_max: largest per-head window; ``None`` (default) uses ``N // 3`` of the current input's
             patch-token count ``N``, as the official code does.
         variant: ``"wythoff"`` (image models, default) | ``"modified"`` (video/robot code, adds two
             smaller offsets per head, including 0 in head 1) | ``"modified_legacy"``.
-        shuffle: per-layer head permutation: ``"stable"`` (default, version-independent),
+        shuffle *(preset)*: per-layer head permutation: ``"stable"`` (default, version-independent),
             ``"official"`` (Python ``random.seed(layer)`` order of the official code) or ``"none"``.
+        shuffle_per_layer *(preset)*: ``True`` (default): layer ``l`` uses the permutation seeded by
+            ``l``; ``False`` (official image code): every layer uses layer 0's permutation.
         layer_idx: 0-based block index seeding the shuffle; ``None`` acts as 0 until set (see
             :func:`assign_layer_indices`).
         include_diagonal: ``None`` (default) keeps the variant's choice — the default variant
@@ -67,6 +78,11 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
 
     complexity = "n log n"
     spatial = True
+    #: option values of each ``preset`` (every preset names the same options)
+    presets = {
+        "default": dict(mode="sparse", shuffle="stable", shuffle_per_layer=True),
+        "official": dict(mode="official", shuffle="official", shuffle_per_layer=False),
+    }
 
     def __init__(
         self,
@@ -80,11 +96,13 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         proj_drop: float = 0.0,
         norm_layer: Optional[type] = None,
         *,
-        mode: str = "sparse",
+        preset: str = DEFAULT_PRESET,
+        mode: str = FROM_PRESET,
         w_min: int = 5,
         w_max: Optional[int] = None,
         variant: str = "wythoff",
-        shuffle: str = "stable",
+        shuffle: str = FROM_PRESET,
+        shuffle_per_layer: bool = FROM_PRESET,
         layer_idx: Optional[int] = None,
         include_diagonal: Optional[bool] = None,
         backend: str = "auto",
@@ -92,11 +110,14 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
                          norm_layer, **kwargs)
-        for name, value, allowed in (("mode", mode, MODES), ("variant", variant, VARIANTS),
-                                     ("shuffle", shuffle, SHUFFLES), ("backend", backend, BACKENDS)):
-            if value not in allowed:
-                raise ValueError(f"fibottention {name}={value!r} is not one of {', '.join(allowed)}."
-                                 + close_matches(str(value), allowed))
+        opts = resolve_preset(type(self).__name__, self.presets, preset, mode=mode, shuffle=shuffle,
+                              shuffle_per_layer=shuffle_per_layer)
+        mode, shuffle = opts["mode"], opts["shuffle"]
+        _check_choices(mode=mode, variant=variant, shuffle=shuffle, backend=backend)
+        if opts["shuffle_per_layer"] not in (True, False):
+            raise ValueError(f"shuffle_per_layer must be True or False, got {opts['shuffle_per_layer']!r}")
+        if include_diagonal not in (None, True, False):
+            raise ValueError(f"include_diagonal must be None, True or False, got {include_diagonal!r}")
         self.w_min = _as_int(w_min, "w_min", 0)
         self.w_max = None if w_max is None else _as_int(w_max, "w_max", 0)
         if self.w_max is not None and self.w_max < self.w_min:
@@ -106,12 +127,11 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
                 "fibottention spreads windows from w_min to w_max across heads, which is undefined for "
                 "num_heads=1; use >= 2 heads, or pass w_max equal to w_min for a single window"
             )
-        if include_diagonal not in (None, True, False):
-            raise ValueError(f"include_diagonal must be None, True or False, got {include_diagonal!r}")
         if mode == "sparse" and attn_drop:
             raise ValueError("fibottention mode='sparse' does not implement attention dropout; use attn_drop=0 "
                              "or mode='masked'")
-        self.mode, self.variant, self.shuffle, self.backend = mode, variant, shuffle, backend
+        self.preset, self.mode, self.variant, self.shuffle, self.backend = preset, mode, variant, shuffle, backend
+        self.shuffle_per_layer = bool(opts["shuffle_per_layer"])
         self.include_diagonal = include_diagonal
         self._layer_idx = None if layer_idx is None else _as_int(layer_idx, "layer_idx", 0)
         self._cache: Dict[Tuple, object] = {}
@@ -131,7 +151,8 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
 
     def head_offsets(self, num_tokens: int) -> List[Tuple[int, ...]]:
         """Offset set of each head for ``num_tokens`` patch tokens (prefix tokens excluded)."""
-        return fibonacci_offsets(num_tokens, self.num_heads, layer=self._layer_idx or 0, w_min=self.w_min,
+        layer = (self._layer_idx or 0) if self.shuffle_per_layer else 0
+        return fibonacci_offsets(num_tokens, self.num_heads, layer=layer, w_min=self.w_min,
                                  w_max=self.w_max, variant=self.variant, shuffle=self.shuffle,
                                  include_diagonal=self.include_diagonal)
 
@@ -202,8 +223,18 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         return scores.masked_fill(~mask & row_ok, float("-inf")).softmax(dim=-1) * row_ok
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, num_heads={self.num_heads}, mode={self.mode!r}, variant={self.variant!r}, "
-                f"w_min={self.w_min}, w_max={self.w_max}, shuffle={self.shuffle!r}, layer_idx={self._layer_idx}")
+        return (f"dim={self.dim}, num_heads={self.num_heads}, preset={self.preset!r}, mode={self.mode!r}, "
+                f"variant={self.variant!r}, w_min={self.w_min}, w_max={self.w_max}, shuffle={self.shuffle!r}, "
+                f"shuffle_per_layer={self.shuffle_per_layer}, layer_idx={self._layer_idx}")
+
+
+def _check_choices(**choices) -> None:
+    allowed_values = {"mode": MODES, "variant": VARIANTS, "shuffle": SHUFFLES, "backend": BACKENDS}
+    for name, value in choices.items():
+        allowed = allowed_values[name]
+        if value not in allowed:
+            raise ValueError(f"fibottention {name}={value!r} is not one of {', '.join(allowed)}."
+                             + close_matches(str(value), allowed))
 
 
 def assign_layer_indices(model: nn.Module, start: int = 0) -> nn.Module:

@@ -130,6 +130,16 @@ class LaplacianAttention(TokenMixer):
     spatial = True
     rejects_non_finite = True
     complexity = "linear"
+    #: the string options and the values each accepts
+    _CHOICES = {
+        "inverse": ("newton", "exact"),
+        "newton_alpha": ("safe", "transpose", "official"),
+        "conv_groups": ("channel", "head"),
+        "norm_scale": ("none", "tokens", "sqrt", "learnt"),
+        "temperature": ("none", "head"),
+        "conv_init": ("default", "zero"),
+        "grid_remainder": ("error", "floor"),
+    }
 
     def __init__(
         self,
@@ -168,62 +178,70 @@ class LaplacianAttention(TokenMixer):
                          norm_layer, **kwargs)
         name = type(self).__name__
         reject_unsupported(name, False, scale_norm, attn_drop)
-        stride = stride_option(name, landmark_stride, {"pool_ratio": pool_ratio}, default=2)
-        check_choice("inverse", inverse, ("newton", "exact"))
-        check_choice("newton_alpha", newton_alpha, ("safe", "transpose", "official"))
-        check_choice("conv_groups", conv_groups, ("channel", "head"))
-        check_choice("norm_scale", norm_scale, ("none", "tokens", "sqrt", "learnt"))
-        check_choice("temperature", temperature, ("none", "head"))
-        check_choice("conv_init", conv_init, ("default", "zero"))
-        check_choice("grid_remainder", grid_remainder, ("error", "floor"))
+        self.landmark_stride = stride_option(name, landmark_stride, {"pool_ratio": pool_ratio}, default=2)
+        for key, value in dict(inverse=inverse, newton_alpha=newton_alpha, conv_groups=conv_groups,
+                               norm_scale=norm_scale, temperature=temperature, conv_init=conv_init,
+                               grid_remainder=grid_remainder).items():
+            check_choice(key, value, self._CHOICES[key])
+        self._check_numbers(lam, conv_kernel, newton_iters, newton_eps, inverse, rope)
+        self.landmark_hw = landmark_grid(num_landmarks)
+        self.lam = float(lam)
+        self.qk_scale = self._qk_scale(qk_scale)
+        self.qk_normed = bool(qk_norm)
+        self.normalize, self.norm_eps, self.norm_scale = bool(normalize), float(norm_eps), norm_scale
+        self.newton_iters, self.newton_eps = int(newton_iters), float(newton_eps)
+        self.newton_alpha, self.inverse = newton_alpha, inverse
+        self.conv_kernel, self.conv_groups = int(conv_kernel or 0), conv_groups
+        self.rope, self.rope_base = bool(rope), float(rope_base)
+        self.grid_remainder = grid_remainder
+        self._build_layers(qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer, conv_init, temperature)
+
+    def _check_numbers(self, lam, conv_kernel, newton_iters, newton_eps, inverse: str, rope: bool) -> None:
+        """``ValueError`` for numeric options out of range (the string options are checked against
+        ``_CHOICES``)."""
+        name = type(self).__name__
         if not lam > 0:
             raise ValueError(f"lam={lam} must be > 0 (the Laplacian kernel bandwidth)")
         if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
             raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
         check_newton(name, newton_iters, newton_eps, inverse)
-        d, h = self.head_dim, num_heads
-        if rope and d % 4:
-            raise ValueError(f"rope=True needs head_dim divisible by 4, got head_dim={d} (dim={dim}, "
-                             f"num_heads={num_heads}); change num_heads or set rope=False")
-        self.landmark_stride = stride
-        self.landmark_hw = landmark_grid(num_landmarks)
-        self.lam = float(lam)
-        self.qk_scale = float(qk_scale) if qk_scale is not None else d ** -0.5
-        if not self.qk_scale > 0:
-            raise ValueError(f"qk_scale={qk_scale} must be > 0 (None gives head_dim ** -0.5)")
-        self.qk_normed = bool(qk_norm)
-        self.normalize = bool(normalize)
-        self.norm_eps = float(norm_eps)
-        self.norm_scale = norm_scale
-        self.newton_iters = int(newton_iters)
-        self.newton_eps = float(newton_eps)
-        self.newton_alpha = newton_alpha
-        self.inverse = inverse
-        self.conv_kernel = int(conv_kernel or 0)
-        self.conv_groups = conv_groups
-        self.rope = bool(rope)
-        self.rope_base = float(rope_base)
-        self.grid_remainder = grid_remainder
+        if rope and self.head_dim % 4:
+            raise ValueError(f"rope=True needs head_dim divisible by 4, got head_dim={self.head_dim} "
+                             f"(dim={self.dim}, num_heads={self.num_heads}); change num_heads or set rope=False")
 
+    def _qk_scale(self, qk_scale: Optional[float]) -> float:
+        scale = float(qk_scale) if qk_scale is not None else self.head_dim ** -0.5
+        if not scale > 0:
+            raise ValueError(f"qk_scale={qk_scale} must be > 0 (None gives head_dim ** -0.5)")
+        return scale
+
+    def _build_layers(self, qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer, conv_init, temperature) -> None:
+        """The parameters, created in a fixed order (it fixes their initial values for a given seed)."""
+        dim, d, h = self.dim, self.head_dim, self.num_heads
         norm_layer = norm_layer or nn.LayerNorm
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = norm_layer(d) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(d) if qk_norm else nn.Identity()
         if self.conv_kernel:
-            k = self.conv_kernel
-            if conv_groups == "channel":
-                self.conv = nn.Conv2d(dim, dim, kernel_size=k, padding=k // 2, groups=dim, bias=True)
-            else:
-                self.conv = nn.Conv2d(h, h, kernel_size=k, padding=k // 2, groups=h, bias=False)
-        if self.conv_kernel and conv_init == "zero":      # the local term starts at 0 and is learnt
-            nn.init.zeros_(self.conv.weight)
-            if self.conv.bias is not None:
-                nn.init.zeros_(self.conv.bias)
+            self.conv = self._local_conv(conv_init)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
         self.log_tau = nn.Parameter(torch.zeros(h)) if temperature == "head" else None
         # learnt per-head exponent θ of the contrast scale N^(θ-1): 0 = "tokens", ½ = "sqrt", 1 = "none"
-        self.scale_exponent = nn.Parameter(torch.zeros(h)) if norm_scale == "learnt" else None
+        self.scale_exponent = nn.Parameter(torch.zeros(h)) if self.norm_scale == "learnt" else None
+
+    def _local_conv(self, conv_init: str) -> nn.Conv2d:
+        """The depthwise conv on ``V``: per channel with bias, or one bias-free filter per head."""
+        k, h = self.conv_kernel, self.num_heads
+        if self.conv_groups == "channel":
+            conv = nn.Conv2d(self.dim, self.dim, kernel_size=k, padding=k // 2, groups=self.dim, bias=True)
+        else:
+            conv = nn.Conv2d(h, h, kernel_size=k, padding=k // 2, groups=h, bias=False)
+        if conv_init == "zero":      # the local term starts at 0 and is learnt
+            nn.init.zeros_(conv.weight)
+            if conv.bias is not None:
+                nn.init.zeros_(conv.bias)
+        return conv
 
     @classmethod
     def stage_options(cls, stage: int, stride: int, newton_iters: int) -> dict:

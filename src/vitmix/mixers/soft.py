@@ -19,6 +19,10 @@ Faithful to the official SOFT code (``fudan-zvg/SOFT``, ``SoftmaxFreeAttention``
 ``D^(-1/2) · NS(A) · D^(-1/2)`` with ``D`` the row sums of the landmark kernel ``A``. The official
 class cannot be built (a ``NameError``); this one works.
 
+``preset="official"`` switches every option where vitmix's default departs from the official code
+(SOFT: the Newton start and the stride-only, floored landmarks; SOFT-Norm: in addition the original
+backtracking Newton iteration its official kernel calls), see ``docs/presets.md``.
+
 Parameter names follow the official modules (``W_q``, ``W_v``, ``Qlandmark_op``, ``Qnorm_act``,
 ``conv``, ``ff``) so official state dicts map one to one.
 
@@ -40,7 +44,45 @@ from .grid import (
     LandmarkCount, add_to_grid, check_choice, check_newton, grid_channels_first, head_conv, landmark_grid,
     landmark_shape, merge_heads, reject_unsupported, split_heads, stride_option, tokens_from_channels_first,
 )
+from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .registry import register_mixer
+
+#: the inverses of the landmark kernel (``inverse=``)
+INVERSES = ("newton", "exact", "newton_legacy")
+_LEGACY_TOL, _LEGACY_HALVINGS = 1.01, 10
+
+
+def newton_inverse_legacy(A: torch.Tensor, iters: int = 20, eps: float = 0.0) -> torch.Tensor:
+    """SOFT's original Newton–Schulz inverse (NeurIPS 2021), which the official SOFT-Norm kernel still calls.
+
+    ``P = A + eps·I`` (official: ``eps = 0``); ``α = 2 / (max row sum of P)²`` with the maximum taken
+    over the **whole batch** (every sample and head shares one α, so a sample's result depends on
+    the others in its batch); ``α`` is halved while ``max_j Σ_i |I - α P²|_ij > 1.01``, at most 10
+    times; then ``V <- 2V - V P V`` ``iters`` times from ``V0 = α P``. Gradients flow through every
+    iteration and through ``α`` (plain autograd, memory O(iters·m²)) as in the official code, not
+    through the implicit backward of :func:`vitmix.ops.newton_schulz_inverse`. This plain loop is
+    its own reference; use it only to reproduce official SOFT-Norm results.
+
+    Args:
+        A: ``(..., m, m)`` landmark kernel matrices (float32/float64).
+        iters: Newton–Schulz iterations (official 20). eps: diagonal shift (official 0).
+    Returns:
+        ``V ≈ P⁻¹`` of the same shape and dtype.
+    """
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    P = A + eps * eye if eps else A
+    alpha = 2.0 / P.sum(-1).max().square()
+    halvings = 0
+    with torch.no_grad():  # the halving count is a discrete choice: no gradient, as in the official code
+        P2 = P @ P
+        while halvings < _LEGACY_HALVINGS and bool(
+                (eye - alpha * 0.5 ** halvings * P2).abs().sum(-2).max() > _LEGACY_TOL):
+            halvings += 1
+    V = (alpha * 0.5 ** halvings) * P
+    for _ in range(iters):
+        V = 2 * V - V @ P @ V
+    return V
+
 
 # ---------------------------------------------------------------------------------------------
 @register_mixer("soft")
@@ -53,27 +95,39 @@ class SoftAttention(TokenMixer):
         dim, num_heads: channels and heads (``d = dim / num_heads``; the released models use d = 32).
         qkv_bias: bias of ``W_q`` and ``W_v`` (the official models use ``True``).
         proj_bias, proj_drop: bias of, and dropout after, the output projection ``ff``.
+        preset: ``"default"`` (vitmix's choices below) or ``"official"`` (the official code wherever
+            vitmix departs from it; the values are in :attr:`presets` and ``docs/presets.md``). The
+            five options marked *(preset)* default to the preset's value; passing one explicitly
+            overrides the preset for that option only. They exist for ablations and for reproducing
+            the official code; ``preset`` is the switch meant for users.
         landmark_stride: landmark stride ``s`` on the token grid (official ``sr_ratio`` 8 / 4 / 2 for
             stages 1–3, which gives m = 49 at 224²). The default 2 is stage 3's setting.
         sr_ratio: deprecated name of ``landmark_stride`` (warns).
         landmarks: ``"conv"`` (official: ``s×s`` stride-``s`` conv shared by heads, no bias, then
             LayerNorm + GELU) or ``"avgpool"`` (the paper's parameter-free average pooling).
-        num_landmarks: ``"auto"`` (default): one landmark per ``s×s`` block, at most 7×7 = 49 (the
-            papers' m), so the layer is O(N) at any resolution and equal to the official stride up to
-            a ``7s×7s`` grid; a perfect square or ``(mh, mw)``: that fixed count; ``None``: the stride
-            alone (official code: m grows with the input, quadratic cost at high resolution). When
-            the count is fixed and ``landmarks="conv"``, the grid is first adaptively pooled to
-            ``(mh·s, mw·s)`` and the learnt conv applied (identity at the training resolution).
+        num_landmarks *(preset)*: ``"auto"`` (default): one landmark per ``s×s`` block, at most 7×7 =
+            49 (the papers' m), so the layer is O(N) at any resolution and equal to the official
+            stride up to a ``7s×7s`` grid; a perfect square or ``(mh, mw)``: that fixed count;
+            ``None`` (official): the stride alone (m grows with the input, quadratic cost at high
+            resolution). When the count is fixed and ``landmarks="conv"``, the grid is first
+            adaptively pooled to ``(mh·s, mw·s)`` and the learnt conv applied (identity at the
+            training resolution).
         conv_kernel: size ``k`` of the per-head local filter on ``V`` (official 9 / 5 / 3 for stages
             1–3; default 3); ``0`` or ``None`` disables it.
-        newton_iters, newton_eps: Newton–Schulz iterations (20) and diagonal perturbation (0.01).
-        newton_alpha: ``"safe"`` (default: ``α = 1.8/‖A + εI‖∞²``) or ``"official"`` (SOFT's CUDA
-            kernel: ``α`` from ``A`` before the ``εI`` shift; indistinguishable here since
-            ``A_ii = 1``).
-        inverse: ``"newton"`` (default, official) or ``"exact"`` (linear solve of ``A + εI``; analysis).
-        grid_remainder: with ``num_landmarks=None``, ``"error"`` (default) raises when the grid is not
-            divisible by the stride; ``"floor"`` follows the official code (border rows/columns join
-            no landmark).
+        newton_iters: Newton–Schulz iterations (20, official).
+        newton_eps *(preset)*: diagonal perturbation ε of the landmark kernel (0.01; SOFT-Norm's
+            official inverse uses none).
+        newton_alpha *(preset)*: start ``V0 = αP`` of ``inverse="newton"``: ``"safe"`` (default,
+            ``α = 1.8/‖A + εI‖∞²``) or ``"official"`` (SOFT's CUDA kernel, ``α = 1.8/‖A‖∞²`` from
+            ``A`` before the shift; larger by ``((r + ε)/r)²`` for row-sum norm ``r``, which
+            changes the eigen-directions the 20 steps leave unconverged, so outputs differ slightly).
+        inverse *(preset)*: ``"newton"`` (default, the current official kernel with the implicit
+            backward), ``"exact"`` (linear solve of ``A + εI``; analysis) or ``"newton_legacy"``
+            (:func:`newton_inverse_legacy`: the original backtracking iteration the official SOFT-Norm
+            kernel calls; batch-coupled, for reproduction only; ignores ``newton_alpha``).
+        grid_remainder *(preset)*: with ``num_landmarks=None``, ``"error"`` (default) raises when the
+            grid is not divisible by the stride; ``"floor"`` (official) lets border rows/columns
+            join no landmark.
         hw, num_prefix_tokens: the token grid (see :class:`~vitmix.mixers.base.TokenMixer`).
 
     ``qk_norm``, ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
@@ -83,6 +137,13 @@ class SoftAttention(TokenMixer):
     rejects_non_finite = True
     complexity = "linear"
     normalization: Optional[str] = None
+    #: option values of each ``preset`` (every preset names the same options)
+    presets = {
+        "default": dict(num_landmarks="auto", newton_eps=0.01, newton_alpha="safe", inverse="newton",
+                        grid_remainder="error"),
+        "official": dict(num_landmarks=None, newton_eps=0.01, newton_alpha="official", inverse="newton",
+                         grid_remainder="floor"),
+    }
 
     def __init__(
         self,
@@ -96,15 +157,16 @@ class SoftAttention(TokenMixer):
         proj_drop: float = 0.0,
         norm_layer: Optional[type] = None,
         *,
+        preset: str = DEFAULT_PRESET,
         landmark_stride: Optional[int] = None,
         landmarks: str = "conv",
-        num_landmarks: LandmarkCount = "auto",
+        num_landmarks: LandmarkCount = FROM_PRESET,
         conv_kernel: Optional[int] = 3,
         newton_iters: int = 20,
-        newton_eps: float = 0.01,
-        newton_alpha: str = "safe",
-        inverse: str = "newton",
-        grid_remainder: str = "error",
+        newton_eps: float = FROM_PRESET,
+        newton_alpha: str = FROM_PRESET,
+        inverse: str = FROM_PRESET,
+        grid_remainder: str = FROM_PRESET,
         sr_ratio: Optional[int] = None,
         **kwargs,
     ) -> None:
@@ -113,28 +175,39 @@ class SoftAttention(TokenMixer):
         name = type(self).__name__
         reject_unsupported(name, qk_norm, scale_norm, attn_drop)
         stride = stride_option(name, landmark_stride, {"sr_ratio": sr_ratio}, default=2)
-        check_choice("landmarks", landmarks, ("conv", "avgpool"))
-        check_choice("inverse", inverse, ("newton", "exact"))
-        check_choice("newton_alpha", newton_alpha, ("safe", "official"))
-        check_choice("grid_remainder", grid_remainder, ("error", "floor"))
-        if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
-            raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
-        check_newton(name, newton_iters, newton_eps, inverse)
-        d, h = self.head_dim, num_heads
+        opts = resolve_preset(name, self.presets, preset, num_landmarks=num_landmarks, newton_eps=newton_eps,
+                              newton_alpha=newton_alpha, inverse=inverse, grid_remainder=grid_remainder)
+        self._check_options(landmarks, conv_kernel, newton_iters, opts)
+        self.preset = preset
         self.landmark_stride = stride
         self.landmarks = landmarks
-        self.landmark_hw = landmark_grid(num_landmarks)
+        self.landmark_hw = landmark_grid(opts["num_landmarks"])
         self.newton_iters = int(newton_iters)
-        self.newton_eps = float(newton_eps)
-        self.newton_alpha = newton_alpha
-        self.inverse = inverse
-        self.grid_remainder = grid_remainder
+        self.newton_eps = float(opts["newton_eps"])
+        self.newton_alpha = opts["newton_alpha"]
+        self.inverse = opts["inverse"]
+        self.grid_remainder = opts["grid_remainder"]
         self.conv_kernel = int(conv_kernel or 0)
-        self.scale = d ** -0.25
+        self.scale = self.head_dim ** -0.25
+        self._build_layers(stride, qkv_bias, proj_bias, proj_drop)
 
+    def _check_options(self, landmarks, conv_kernel, newton_iters, opts: dict) -> None:
+        check_choice("landmarks", landmarks, ("conv", "avgpool"))
+        check_choice("inverse", opts["inverse"], INVERSES)
+        check_choice("newton_alpha", opts["newton_alpha"], ("safe", "official"))
+        check_choice("grid_remainder", opts["grid_remainder"], ("error", "floor"))
+        if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
+            raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
+        # the legacy iteration needs iterations as much as the current one does
+        newton = "exact" if opts["inverse"] == "exact" else "newton"
+        check_newton(type(self).__name__, newton_iters, opts["newton_eps"], newton)
+
+    def _build_layers(self, stride: int, qkv_bias: bool, proj_bias: bool, proj_drop: float) -> None:
+        """The official modules, under the official names (so official state dicts load one to one)."""
+        dim, d, h = self.dim, self.head_dim, self.num_heads
         self.W_q = nn.Linear(dim, dim, bias=qkv_bias)
         self.W_v = nn.Linear(dim, dim, bias=qkv_bias)
-        if landmarks == "conv":
+        if self.landmarks == "conv":
             self.Qlandmark_op = nn.Conv2d(d, d, kernel_size=stride, stride=stride, bias=False)
             self.Qnorm_act = nn.Sequential(nn.LayerNorm(d), nn.GELU())
         if self.conv_kernel:
@@ -153,8 +226,8 @@ class SoftAttention(TokenMixer):
 
     def extra_repr(self) -> str:
         m = f"landmark_stride={self.landmark_stride}, num_landmarks={self.landmark_hw!r}"
-        return (f"heads={self.num_heads}, head_dim={self.head_dim}, landmarks={self.landmarks!r}, {m}, "
-                f"newton_iters={self.newton_iters}, inverse={self.inverse!r}")
+        return (f"heads={self.num_heads}, head_dim={self.head_dim}, preset={self.preset!r}, "
+                f"landmarks={self.landmarks!r}, {m}, newton_iters={self.newton_iters}, inverse={self.inverse!r}")
 
     # -- pieces --------------------------------------------------------------------------------
     def landmark_count(self, h: int, w: int) -> Tuple[int, int]:
@@ -187,10 +260,28 @@ class SoftAttention(TokenMixer):
         return q, v
 
     def _attend(self, q, v, lm):
+        if self.inverse == "newton_legacy":
+            return self._attend_legacy(q, v, lm)
         return ops.nystrom_attention(
             q, q, v, lm, lm, kernel="gaussian", iters=self.newton_iters, eps=self.newton_eps,
             alpha=self.newton_alpha, inverse=self.inverse, normalization=self.normalization,
         )
+
+    def _attend_legacy(self, q, v, lm):
+        """``K(Q, L) · M · (K(L, Q) · V)`` with ``M`` from :func:`newton_inverse_legacy` (normalised
+        ``D^(-1/2) M D^(-1/2)`` for SOFT-Norm), in float32 (float64 stays float64) without autocast."""
+        out_dtype = torch.promote_types(q.dtype, v.dtype)
+        dt = torch.float64 if out_dtype == torch.float64 else torch.float32
+        with torch.autocast(q.device.type, enabled=False):
+            qf, vf, lf = q.to(dt), v.to(dt), lm.to(dt)
+            k1 = ops.gaussian_kernel(qf, lf)                       # (B, h, N, m)
+            a = ops.gaussian_kernel(lf, lf)                        # (B, h, m, m)
+            M = newton_inverse_legacy(a, self.newton_iters, self.newton_eps)
+            if self.normalization == "soft_norm":
+                dinv = a.sum(-1).rsqrt()
+                M = dinv.unsqueeze(-1) * M * dinv.unsqueeze(-2)
+            out = k1 @ (M @ (k1.mT @ vf))
+        return out.to(out_dtype)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix, h, w = grid
@@ -221,10 +312,17 @@ class SoftNormAttention(SoftAttention):
     """SOFT-Norm (SOFT++): :class:`SoftAttention` with ``D^(-1/2)·NS(A)·D^(-1/2)``.
 
     ``D`` is the diagonal of row sums of the landmark kernel ``A`` (the official code's landmark
-    degrees, not the full-matrix degrees). Same options as :class:`SoftAttention`.
+    degrees, not the full-matrix degrees). Same options as :class:`SoftAttention`; the normalisation
+    formula is the official one, but the official class normalises the inverse of its *original*
+    Newton iteration (batch-global α, no ε, backtracking, unrolled gradients), so
+    ``preset="official"`` also sets ``inverse="newton_legacy"`` and ``newton_eps=0``.
     """
 
     normalization = "soft_norm"
+    presets = {
+        "default": SoftAttention.presets["default"],
+        "official": dict(SoftAttention.presets["official"], inverse="newton_legacy", newton_eps=0.0),
+    }
 
 
-__all__ = ["SoftAttention", "SoftNormAttention"]
+__all__ = ["SoftAttention", "SoftNormAttention", "newton_inverse_legacy"]

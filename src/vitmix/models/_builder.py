@@ -1,7 +1,9 @@
 """Helpers shared by vitmix model files: default cfgs and mixer → ``attn_layer`` resolution."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
+
+from timm.models import clean_state_dict
 
 from ..mixers import timm_attn
 
@@ -22,3 +24,17 @@ def model_cfg(url: str = "", **kwargs) -> dict:
 def mixer_attn_layer(mixer: Optional[str], mixer_options: Optional[dict], default: str = "softmax"):
     """The timm ``attn_layer`` class for ``mixer`` (``default`` when ``None``)."""
     return timm_attn(mixer or default, **(mixer_options or {}))
+
+
+#: checkpoint keys that hold the weights, in the order timm's ``load_state_dict`` prefers them (EMA first)
+_WEIGHT_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model")
+
+
+def unwrap_checkpoint(checkpoint: Dict) -> Dict:
+    """The weights of a training checkpoint (EMA first, as timm loads them, and as the official SOFT
+    evaluation does) without DDP / ``torch.compile`` prefixes; a bare state dict passes unchanged."""
+    for key in _WEIGHT_KEYS:
+        if isinstance(checkpoint.get(key), dict):
+            checkpoint = checkpoint[key]
+            break
+    return clean_state_dict(checkpoint)

@@ -6,7 +6,10 @@ code loses that through a module-global cache; see ``docs/fibottention.md``).
 
 ``mixer_options`` override the mixer's options (``mode``, ``w_min``, ``w_max``, ``variant``,
 ``shuffle``, ``include_diagonal``, ``backend``), e.g.
-``timm.create_model("vit_small_patch16_224_fibottention", mixer_options={"mode": "official"})``.
+``timm.create_model("vit_small_patch16_224_fibottention", mixer_options={"mode": "official"})``;
+``preset="official"`` (a model kwarg, the same as ``mixer_options={"preset": "official"}``) gives the
+official image code's behaviour (multiplicative mask, Python-random head order shared by all layers;
+see ``docs/presets.md``).
 The mixer itself is fixed: ``mixer=`` other than ``"fibottention"`` raises ``ValueError`` (use the
 plain ViT names such as ``deit_small_patch16_224`` with ``vitmix.create_model(..., mixer=...)``).
 """
@@ -33,7 +36,8 @@ default_cfgs = generate_default_cfgs({
 })
 
 
-def _create_fibottention_vit(variant: str, pretrained: bool = False, mixer=None, mixer_options=None, **kwargs):
+def _create_fibottention_vit(variant: str, pretrained: bool = False, mixer=None, mixer_options=None,
+                             preset=None, **kwargs):
     if mixer not in (None, "fibottention"):
         raise ValueError(
             f"{variant} always uses the 'fibottention' mixer (got mixer={mixer!r}); pass mixer_options to "
@@ -41,6 +45,8 @@ def _create_fibottention_vit(variant: str, pretrained: bool = False, mixer=None,
         )
     if "attn_layer" in kwargs:
         raise ValueError(f"{variant} sets attn_layer itself; use mixer_options to configure Fibottention")
+    if preset is not None:
+        mixer_options = dict(mixer_options or {}, preset=preset)
     kwargs["attn_layer"] = timm_attn("fibottention", **(mixer_options or {}))
     kwargs.setdefault("global_pool", "token")
     model = build_model_with_cfg(

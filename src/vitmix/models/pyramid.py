@@ -18,17 +18,23 @@ the ``laplacian`` mixer in **all four** stages (pooling ratios 8/4/2/1, so stage
 tokens as landmarks), pre-norm blocks with DropPath throughout (PVT style), CLS token in stage 4 and
 optional RoPE (``rope=True``). The sizes are vitmix's own (see ``docs/soft-laplacianformer.md``).
 
-All models take any input whose sides are divisible by 32 (non-square too), expose timm's
+All models take any input size the official code takes (e.g. 240², non-square too: each 3×3
+stride-2 conv maps a side ``n`` to ``⌈n/2⌉``, the positional embeddings are resized to the actual
+grid and the mixers handle grids that the landmark stride does not divide), expose timm's
 ``forward_features`` / ``forward_head`` / ``reset_classifier`` / ``forward_intermediates`` and
-support ``features_only=True`` (the four stage outputs, NCHW, strides 4/8/16/32).
+support ``features_only=True`` (the four stage outputs, NCHW, nominal strides 4/8/16/32).
+
+``preset="official"`` (a model kwarg, or ``mixer_options={"preset": ...}``) gives the SOFT /
+SOFT-Norm mixers the official code's behaviour (``docs/presets.md``); :func:`checkpoint_filter_fn`
+loads official ``fudan-zvg/SOFT`` checkpoints through timm's pretrained path.
 """
 from __future__ import annotations
 
+import math
 from functools import partial
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -37,12 +43,22 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models._features import feature_take_indices
 
 from ..mixers import create as create_mixer
-from ..mixers import get_mixer_class
-from ._builder import model_cfg
+from ..mixers import get_mixer_class, list_mixers
+from ._builder import model_cfg, unwrap_checkpoint
 
-__all__ = ["PyramidTransformer", "checkpoint_filter_fn"]
+__all__ = ["PyramidTransformer", "checkpoint_filter_fn", "stage_grid"]
 
 _STAGE_STRIDES = (4, 8, 16, 32)
+
+
+def stage_grid(hw: Tuple[int, int], stage: int) -> Tuple[int, int]:
+    """The token grid of stage ``stage`` (0–3) for an ``H×W`` input: the stem halves each side twice
+    and every later stage once more, each 3×3 stride-2 convolution (padding 1) mapping ``n`` to
+    ``⌈n/2⌉`` (so 224² → 56, 28, 14, 7 and 240² → 60, 30, 15, 8)."""
+    h, w = int(hw[0]), int(hw[1])
+    for _ in range(stage + 2):
+        h, w = -(-h // 2), -(-w // 2)
+    return h, w
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +173,55 @@ def _stage_options(mixer_options, stage: int) -> dict:
     return dict(opts[stage] or {})
 
 
+class _BlockConfig(NamedTuple):
+    """What every stage needs to build its blocks (the model's block-level arguments)."""
+
+    mixer: str
+    mixer_options: Union[dict, Sequence[dict], None]
+    kernel_stages: int
+    post_norm: bool
+    mlp_ratio: float
+    qkv_bias: bool
+    newton_iters: int
+    proj_drop_rate: float
+
+    def mixer_for(self, stage: int, stride: int) -> Tuple[str, dict]:
+        """The mixer name and options of ``stage``: the kernel mixer with its per-stage defaults and
+        the user's options on top, or softmax attention in the stages after ``kernel_stages``."""
+        if stage >= self.kernel_stages:
+            return "softmax", dict(qkv_bias=self.qkv_bias, proj_drop=self.proj_drop_rate)
+        opts = dict(qkv_bias=self.qkv_bias)
+        opts.update(get_mixer_class(self.mixer).stage_options(stage, stride, self.newton_iters))
+        opts.update(_stage_options(self.mixer_options, stage))
+        return self.mixer, opts
+
+    def build(self, stage: int, dim: int, heads: int, stride: int, drop_rates: Sequence[float]) -> List[nn.Module]:
+        """The blocks of one stage (mixer then block, in order), one per drop rate."""
+        name, opts = self.mixer_for(stage, stride)
+        post_norm = self.post_norm and stage < self.kernel_stages
+        blocks = []
+        for rate in drop_rates:
+            attn = create_mixer(name, dim, heads, **opts)
+            if post_norm:
+                blocks.append(PostNormBlock(dim, attn, drop=rate))
+            else:
+                blocks.append(PreNormBlock(dim, attn, drop_path=rate, mlp_ratio=self.mlp_ratio,
+                                           drop=self.proj_drop_rate))
+        return blocks
+
+
+def _check_arguments(img_size, global_pool: str, embed_dims, num_heads, depths, sr_ratios) -> Tuple[int, int]:
+    """Validate the model arguments; return ``img_size`` as ``(H, W)``."""
+    if global_pool not in ("token", "avg", ""):
+        raise ValueError(f"global_pool={global_pool!r} must be 'token', 'avg' or ''")
+    if not (len(embed_dims) == len(num_heads) == len(depths) == len(sr_ratios) == 4):
+        raise ValueError("embed_dims, num_heads, depths and sr_ratios need one entry per stage (4)")
+    img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    if len(img_size) != 2 or min(img_size) < 1:
+        raise ValueError(f"img_size={img_size} must be a positive int or (H, W)")
+    return img_size
+
+
 # ---------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------
@@ -164,8 +229,8 @@ class PyramidTransformer(nn.Module):
     """Four-stage pyramid backbone with a kernel-attention mixer (SOFT / LaplacianFormer family).
 
     Args:
-        img_size: training resolution; sizes the stored positional embeddings (other sizes divisible
-            by 32 are handled by resizing them).
+        img_size: training resolution; sizes the stored positional embeddings (other input sizes
+            are handled by resizing them).
         in_chans, num_classes, global_pool: as timm (``global_pool`` ``"token"`` = CLS, ``"avg"``
             = mean of the stage-4 grid tokens, ``""`` = none).
         embed_dims, num_heads, depths: per stage.
@@ -174,6 +239,7 @@ class PyramidTransformer(nn.Module):
             registered mixer).
         mixer_options: options for the kernel-stage mixers (a dict for all, or a list of 4 dicts, one
             per stage); they override the per-stage defaults (stride/ratio, conv kernel, iterations).
+            ``{"preset": "official"}`` selects the mixer's official behaviour.
         kernel_stages: how many leading stages use ``mixer`` (3 for SOFT, 4 for LaplacianFormer); the
             rest use softmax attention.
         post_norm: post-norm (SOFT) blocks in the kernel stages; otherwise pre-norm with DropPath.
@@ -208,13 +274,7 @@ class PyramidTransformer(nn.Module):
         drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
-        if global_pool not in ("token", "avg", ""):
-            raise ValueError(f"global_pool={global_pool!r} must be 'token', 'avg' or ''")
-        if not (len(embed_dims) == len(num_heads) == len(depths) == len(sr_ratios) == 4):
-            raise ValueError("embed_dims, num_heads, depths and sr_ratios need one entry per stage (4)")
-        img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        if img_size[0] % 32 or img_size[1] % 32:
-            raise ValueError(f"img_size={img_size} must be divisible by 32 (the total stride)")
+        img_size = _check_arguments(img_size, global_pool, embed_dims, num_heads, depths, sr_ratios)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.embed_dims = tuple(embed_dims)
@@ -223,40 +283,31 @@ class PyramidTransformer(nn.Module):
         self.mixer = mixer
         self.img_size = img_size
         self.grad_checkpointing = False
-
-        dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
-        stages, cur, in_chs = [], 0, in_chans
+        blocks = _BlockConfig(mixer, mixer_options, kernel_stages, post_norm, mlp_ratio, qkv_bias, newton_iters,
+                              proj_drop_rate)
         self.feature_info = []
-        for i in range(4):
-            dim, kernel_stage = embed_dims[i], i < kernel_stages
-            name = mixer if kernel_stage else "softmax"
-            opts = dict(qkv_bias=qkv_bias)
-            if kernel_stage:
-                opts.update(get_mixer_class(name).stage_options(i, sr_ratios[i], newton_iters))
-                opts.update(_stage_options(mixer_options, i))
-            else:
-                opts.update(proj_drop=proj_drop_rate)
-            blocks = []
-            for j in range(depths[i]):
-                attn = create_mixer(name, dim, num_heads[i], **opts)
-                if kernel_stage and post_norm:
-                    blocks.append(PostNormBlock(dim, attn, drop=dpr[cur + j]))
-                else:
-                    blocks.append(PreNormBlock(dim, attn, drop_path=dpr[cur + j], mlp_ratio=mlp_ratio,
-                                               drop=proj_drop_rate))
-            stride = _STAGE_STRIDES[i]
-            base_hw = (img_size[0] // stride, img_size[1] // stride)
-            stages.append(PyramidStage(in_chs, dim, blocks, base_hw, stem=i == 0, num_prefix=int(i == 3),
-                                       drop_rate=pos_drop_rate))
-            self.feature_info.append(dict(num_chs=dim, reduction=stride, module=f"stages.{i}"))
-            cur += depths[i]
-            in_chs = dim
-        self.stages = nn.ModuleList(stages)
+        self.stages = self._build_stages(in_chans, embed_dims, num_heads, depths, sr_ratios, blocks,
+                                         pos_drop_rate, drop_path_rate)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims[-1]))
         self.norm = nn.LayerNorm(embed_dims[-1], eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
+
+    def _build_stages(self, in_chans, embed_dims, num_heads, depths, sr_ratios, blocks: "_BlockConfig",
+                      pos_drop_rate: float, drop_path_rate: float) -> nn.ModuleList:
+        """The four stages, built in the fixed order (each stage's blocks, then its patch embedding)
+        that the random initialisation of a seeded model depends on."""
+        dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
+        stages, cur, in_chs = [], 0, in_chans
+        for i in range(4):
+            stage_blocks = blocks.build(i, embed_dims[i], num_heads[i], sr_ratios[i], dpr[cur:cur + depths[i]])
+            stages.append(PyramidStage(in_chs, embed_dims[i], stage_blocks, stage_grid(self.img_size, i),
+                                       stem=i == 0, num_prefix=int(i == 3), drop_rate=pos_drop_rate))
+            self.feature_info.append(dict(num_chs=embed_dims[i], reduction=_STAGE_STRIDES[i], module=f"stages.{i}"))
+            cur += depths[i]
+            in_chs = embed_dims[i]
+        return nn.ModuleList(stages)
 
     def _init_weights(self) -> None:
         for stage in self.stages:
@@ -302,11 +353,11 @@ class PyramidTransformer(nn.Module):
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def _check_input(self, x: torch.Tensor) -> None:
-        if x.dim() != 4 or x.shape[-2] % 32 or x.shape[-1] % 32:
-            raise ValueError(
-                f"{type(self).__name__} expects images (B, C, H, W) with H and W divisible by 32, got "
-                f"{tuple(x.shape)}; resize or pad to a multiple of 32"
-            )
+        """Images of any size are accepted (a grid too small for a stage's landmarks is a
+        ``ValueError`` from that stage's mixer, naming the stride)."""
+        if x.dim() != 4:
+            raise ValueError(f"{type(self).__name__} expects images (B, C, H, W), got a {x.dim()}-D tensor of shape "
+                             f"{tuple(x.shape)}" + (" (add a batch dim with x[None])" if x.dim() == 3 else ""))
 
     def _run_stages(self, x: torch.Tensor, upto: int = 3):
         """Yield ``(index, tokens, hw)`` after each stage up to ``upto``."""
@@ -391,32 +442,68 @@ class PyramidTransformer(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # official checkpoint conversion
 # ---------------------------------------------------------------------------------------------
-def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: PyramidTransformer) -> Dict[str, torch.Tensor]:
-    """Map an official ``fudan-zvg/SOFT`` state dict (``patch_embed1``, ``block1.0.att.mha.W_q`` ...)
-    onto :class:`PyramidTransformer` names. Already-converted dicts pass through unchanged."""
-    state_dict = state_dict.get("state_dict_ema", state_dict.get("model", state_dict))
+def _official_key(key: str) -> str:
+    """One official ``fudan-zvg/SOFT`` parameter name → the vitmix name (other names unchanged).
+
+    Official layout: ``patch_embed{i}.proj.*``, ``pos_embed{i}``, stages 1–3
+    ``block{i}.{j}.att.{mha.W_q, mha.W_v, mha.attn.Qlandmark_op, mha.attn.Qnorm_act.0, mha.attn.conv,
+    mha.ff, norm1, ff1, ff2, norm2}``, stage 4 ``block4.{j}.{norm1, attn.q, attn.kv, attn.proj, norm2,
+    mlp.fc1, mlp.fc2}``; ``cls_token``, ``norm`` and ``head`` keep their names.
+    """
+    for i in range(1, 5):
+        stage = f"stages.{i - 1}"
+        if key.startswith(f"patch_embed{i}."):
+            return f"{stage}.patch_embed." + key[len(f"patch_embed{i}."):]
+        if key == f"pos_embed{i}":
+            return f"{stage}.pos_embed"
+        if key.startswith(f"block{i}."):
+            j, rest = key[len(f"block{i}."):].split(".", 1)
+            rest = (rest.replace("att.mha.attn.", "attn.").replace("att.mha.", "attn.")
+                    .replace("att.ff1.", "mlp.fc1.").replace("att.ff2.", "mlp.fc2.").replace("att.", ""))
+            return f"{stage}.blocks.{j}.{rest}"
+    return key
+
+
+def _fit_pos_embeds(out: Dict[str, torch.Tensor], model: Optional[PyramidTransformer]) -> None:
+    """Resize official positional embeddings (stored for the 224² grids, square) to the model's
+    stage grids when its ``img_size`` differs, bilinearly as the official forward does."""
+    if model is None:
+        return
+    for i, stage in enumerate(model.stages):
+        key = f"stages.{i}.pos_embed"
+        pos = out.get(key)
+        if pos is None or pos.shape == stage.pos_embed.shape:
+            continue
+        side = math.isqrt(pos.shape[1] - stage.num_prefix)
+        if side * side != pos.shape[1] - stage.num_prefix:
+            raise ValueError(f"checkpoint {key} has {pos.shape[1]} tokens, which is not a square grid"
+                             f"{' plus CLS' * stage.num_prefix}; cannot resize it to {stage.base_hw}")
+        out[key] = resize_pos_embed(pos, (side, side), stage.base_hw, stage.num_prefix)
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor],
+                         model: Optional[PyramidTransformer] = None) -> Dict[str, torch.Tensor]:
+    """Map an official ``fudan-zvg/SOFT`` / SOFT-Norm checkpoint onto :class:`PyramidTransformer`.
+
+    timm's ``pretrained_filter_fn`` of the ``soft_*`` / ``soft_norm_*`` models, so
+    ``timm.create_model("soft_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=path))`` loads
+    an official file. Accepts the official training checkpoint (EMA weights ``state_dict_ema`` first,
+    as the official evaluation uses them, then ``state_dict``), DDP ``module.`` prefixes or a bare
+    state dict. Names are mapped as in :func:`_official_key`; the stage-4 ``q`` and ``kv`` linears
+    are concatenated into one ``qkv`` linear (``[q; k; v]``, timm's layout); positional embeddings are
+    resized to the model's grids when its ``img_size`` is not 224. Already-converted dicts pass
+    unchanged (apart from that resizing).
+    """
+    state_dict = unwrap_checkpoint(state_dict)
     if not any(k.startswith(("patch_embed1.", "block1.")) for k in state_dict):
-        return state_dict
-    out = {}
-    for key, val in state_dict.items():
-        new = key
-        for i in range(1, 5):
-            s = f"stages.{i - 1}"
-            if key.startswith(f"patch_embed{i}."):
-                new = f"{s}.patch_embed." + key[len(f"patch_embed{i}."):]
-            elif key == f"pos_embed{i}":
-                new = f"{s}.pos_embed"
-            elif key.startswith(f"block{i}."):
-                rest = key[len(f"block{i}."):]
-                j, rest = rest.split(".", 1)
-                rest = (rest.replace("att.mha.attn.", "attn.").replace("att.mha.", "attn.")
-                        .replace("att.ff1.", "mlp.fc1.").replace("att.ff2.", "mlp.fc2.").replace("att.", ""))
-                new = f"{s}.blocks.{j}.{rest}"
-        out[new] = val
-    # stage-4 softmax attention: official q + kv linears → one qkv linear
-    for key in [k for k in out if k.endswith(".attn.q.weight") or k.endswith(".attn.q.bias")]:
-        kv_key = key.replace(".attn.q.", ".attn.kv.")
-        out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat([out.pop(key), out.pop(kv_key)], dim=0)
+        out = dict(state_dict)
+    else:
+        out = {_official_key(key): val for key, val in state_dict.items()}
+        # stage-4 softmax attention: official q + kv linears → one qkv linear
+        for key in [k for k in out if k.endswith((".attn.q.weight", ".attn.q.bias"))]:
+            kv_key = key.replace(".attn.q.", ".attn.kv.")
+            out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat([out.pop(key), out.pop(kv_key)], dim=0)
+    _fit_pos_embeds(out, model)
     return out
 
 
@@ -448,17 +535,31 @@ _LAPLACIAN_ARCHS = dict(_SOFT_ARCHS, huge=dict(depths=(1, 5, 41, 5), embed_dims=
                                              num_heads=(2, 4, 11, 16)))
 
 
+def _with_option(mixer_options, key: str, value):
+    """``mixer_options`` (one dict or one per stage) with ``key=value`` added to every stage's dict."""
+    if isinstance(mixer_options, (list, tuple)):
+        return [dict(o or {}, **{key: value}) for o in mixer_options]
+    return dict(mixer_options or {}, **{key: value})
+
+
+def _check_preset(variant: str, mixer: str, preset: str) -> None:
+    """``preset=`` needs a mixer that defines presets (LaplacianFormer has no official model code)."""
+    if getattr(get_mixer_class(mixer), "presets", None) is None:
+        having = [n for n in list_mixers() if getattr(get_mixer_class(n), "presets", None) is not None]
+        raise ValueError(f"{variant}: preset={preset!r} selects a mixer's reproduction of its official code, but "
+                         f"mixer {mixer!r} has no presets (mixers with presets: {', '.join(having)}); drop preset=")
+
+
 def _create(variant: str, pretrained: bool, arch: dict, defaults: dict, mixer=None, mixer_options=None,
-            rope: Optional[bool] = None, **kwargs) -> PyramidTransformer:
+            rope: Optional[bool] = None, preset: Optional[str] = None, **kwargs) -> PyramidTransformer:
     args = dict(arch, **defaults)
     if mixer is not None:
         args["mixer"] = mixer
     if rope is not None:
-        opts = mixer_options
-        if isinstance(opts, (list, tuple)):
-            mixer_options = [dict(o or {}, rope=rope) for o in opts]
-        else:
-            mixer_options = dict(opts or {}, rope=rope)
+        mixer_options = _with_option(mixer_options, "rope", rope)
+    if preset is not None:
+        _check_preset(variant, args["mixer"], preset)
+        mixer_options = _with_option(mixer_options, "preset", preset)
     if mixer_options is not None:
         args["mixer_options"] = mixer_options
     args.update(kwargs)

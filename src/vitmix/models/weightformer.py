@@ -40,7 +40,8 @@ from ..ops.dynamic import (
     normalize_kernels,
     pool_tokens_2x2,
 )
-from ._builder import model_cfg
+from ..mixers.presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
+from ._builder import model_cfg, unwrap_checkpoint
 
 __all__ = [
     "DynamicDepthwiseConv", "DynamicLinear", "WeightFormer", "WeightFormerBlock", "checkpoint_filter_fn",
@@ -219,8 +220,8 @@ def _use_onednn(x: Tensor) -> bool:
     global _ONEDNN_LINEAR
     if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
         return False
-    if torch.is_autocast_enabled("cpu") or torch.jit.is_scripting():
-        return False
+    if torch.is_autocast_enabled("cpu") or torch.jit.is_scripting() or torch.compiler.is_compiling():
+        return False  # traced: plain linears (inductor fuses them; export/ONNX keep a symbolic batch)
     if _ONEDNN_LINEAR is None:
         _ONEDNN_LINEAR = _onednn_linear_available()
     return _ONEDNN_LINEAR
@@ -354,26 +355,36 @@ class WeightFormer(nn.Module):
         drop_path_rate: stochastic depth, linearly increasing over the blocks (MLP branch only).
         dynamic_every: block ℓ is dynamic iff ``(ℓ + 2) % dynamic_every == 0`` (official 3).
         norm_residual: official LayerNorm-overwrites-residual in dynamic blocks (default ``True``).
-        odd_pool: ``"ceil"`` (default) or ``"floor"`` (official) 2×2 pooling of odd grids in
-            :class:`DynamicLinear`; identical on even grids.
+        preset: ``"default"`` or ``"official"`` (the official code's numerics where vitmix departs
+            from them; values in :attr:`presets`, see ``docs/presets.md``). It sets ``odd_pool``
+            unless that is passed explicitly.
+        odd_pool: ``"ceil"`` (default preset) or ``"floor"`` (official preset) 2×2 pooling of odd
+            grids in :class:`DynamicLinear`; identical on even grids (an ablation / reproduction
+            switch: prefer ``preset``).
         linear_path: evaluation path of :class:`DynamicLinear` (``"auto"``).
         norm_layer, act_layer: LayerNorm (eps 1e-6) and GELU by default.
         mixer, mixer_options: accepted for API symmetry with vitmix's other models; WeightFormer has
             no attention to replace, so anything but ``None`` raises ``ValueError``.
     """
 
+    #: option values of each ``preset``: the official code drops the last row/column of odd grids
+    presets = {"default": dict(odd_pool="ceil"), "official": dict(odd_pool="floor")}
+
     def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, patch_size: int = 16, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 192, depth: int = 17,
                  mlp_ratio: float = 4.0, drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, dynamic_every: int = 3, norm_residual: bool = True,
-                 odd_pool: str = "ceil", linear_path: str = "auto", norm_layer: Optional[Callable] = None,
-                 act_layer: Optional[Callable] = None, mixer=None, mixer_options=None):
+                 preset: str = DEFAULT_PRESET, odd_pool: str = FROM_PRESET, linear_path: str = "auto",
+                 norm_layer: Optional[Callable] = None, act_layer: Optional[Callable] = None, mixer=None,
+                 mixer_options=None):
         super().__init__()
         if mixer is not None or mixer_options:
             raise ValueError("WeightFormer has no attention layer, so mixer=/mixer_options= cannot be used; "
                              "build it without them (or use a ViT such as vit_nano_patch4_32 to swap mixers)")
         if global_pool not in ("avg", ""):
             raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+        odd_pool = resolve_preset("WeightFormer", self.presets, preset, odd_pool=odd_pool)["odd_pool"]
+        self.preset = preset
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         act_layer = act_layer or nn.GELU
         self.num_classes, self.global_pool, self.in_chans = num_classes, global_pool, in_chans
@@ -507,8 +518,12 @@ _OFFICIAL_RENAMES = (
 
 def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: Optional[WeightFormer] = None) -> Dict[str, Tensor]:
     """Convert an official LeapLabTHU/WeightFormer state dict (``blocks.1.linear1.w1`` ...) to vitmix
-    names (``blocks.1.mlp.fc1.expand_in`` ...). Already-converted dicts pass unchanged."""
-    state_dict = state_dict.get("model", state_dict)
+    names (``blocks.1.mlp.fc1.expand_in`` ...); timm's ``pretrained_filter_fn`` of the models.
+
+    Accepts the official training checkpoint (weights under ``"model"``), a Hugging Face hub state
+    dict (same names) or a bare state dict; shapes are the official ones (``DynLinear.w`` is
+    ``(in, out)`` in both). Already-converted dicts pass unchanged."""
+    state_dict = unwrap_checkpoint(state_dict)
     out = {}
     for key, value in state_dict.items():
         if key.startswith("blocks."):

@@ -21,6 +21,12 @@ from torch import nn
 _META_KEY = "vitmix"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic(path: Path, write) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -28,6 +34,7 @@ def _atomic(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())        # mkstemp makes 0600; give the file a normal file's mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -86,25 +93,56 @@ def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     return state, meta
 
 
-def load_into(model: nn.Module, state: Dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-    """Load ``state`` strictly, turning key/shape mismatches into a one-paragraph ``ValueError``."""
+def load_into(model: nn.Module, state: Dict[str, torch.Tensor], source: str = "checkpoint",
+              ignore: Tuple[str, ...] = ()) -> None:
+    """Load ``state`` strictly, turning key/shape mismatches into a one-paragraph ``ValueError``.
+
+    Keys starting with a prefix in ``ignore`` (e.g. ``"head."`` for another classifier) may be missing,
+    extra or shaped differently: the model keeps its own values there.
+    """
     own = unwrap(model).state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
     shapes = [k for k in own if k in state and own[k].shape != state[k].shape]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
-        if shapes:
-            k = shapes[0]
-            parts.append(f"{len(shapes)} with other shapes "
-                         f"(e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
-        raise ValueError(f"{source} does not match the model: " + "; ".join(parts)
-                         + ". Build the model with the same --model/--mixer/--img-size as the run")
-    unwrap(model).load_state_dict(state)
+    missing, unexpected, wrong = ([k for k in keys if not k.startswith(ignore)] for keys in (
+        sorted(set(own) - set(state)), sorted(set(state) - set(own)), shapes))
+    if missing or unexpected or wrong:
+        _mismatch(source, own, state, missing, unexpected, wrong)
+    if ignore:
+        state = {k: v for k, v in state.items() if k in own and k not in shapes}
+    unwrap(model).load_state_dict(state, strict=not ignore)
+
+
+def _mismatch(source: str, own: dict, state: dict, missing: list, unexpected: list, shapes: list) -> None:
+    """Raise the one-paragraph ``ValueError`` of :func:`load_into`."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+    if shapes:
+        k = shapes[0]
+        parts.append(f"{len(shapes)} with other shapes "
+                     f"(e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
+    raise ValueError(f"{source} does not match the model: " + "; ".join(parts)
+                     + ". Build the model with the same --model/--mixer/--img-size as the run")
+
+
+def read_state_dict(path) -> Dict[str, torch.Tensor]:
+    """The weights in a vitmix safetensors checkpoint or a torch ``.pt``/``.pth`` file (read with
+    ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's ``module.``
+    prefix are removed). Unreadable files are a one-line ``ValueError``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if path.suffix == ".safetensors":
+        return load_weights(path)[0]
+    obj = load_state(path)
+    for key in ("model", "state_dict", "model_state_dict", "model_state"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} holds no state dict")
+    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
 
 
 def save_state(path: Path, state: Dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._util import autocast
 from .checkpoint import unwrap
 from .distributed import DistInfo, all_reduce_sum
 
@@ -20,14 +21,8 @@ def _quiet(info: DistInfo) -> bool:
     return not info.is_main or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
 
 
+#: --amp-dtype: bf16, or fp16 with a grad scaler
 AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def autocast(device: torch.device, enabled: bool, dtype: str = "bfloat16"):
-    """Autocast (bf16, or fp16 with a grad scaler) on the run's device, or a no-op."""
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[dtype])
 
 
 @dataclass
@@ -91,7 +86,7 @@ def train_one_epoch(model: nn.Module, loader, r: Recipe, *, epoch: int, epochs: 
         last_micro = (i + 1) % r.accum_steps == 0
         sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
-            with autocast(info.device, r.amp, r.amp_dtype):
+            with autocast(info.device, AMP_DTYPES[r.amp_dtype] if r.amp else None):
                 logits = model(images)
                 loss = r.loss_fn(logits.float(), targets)
             if not torch.isfinite(loss):
@@ -133,7 +128,7 @@ def evaluate(model: nn.Module, loader, info: DistInfo, amp: bool = False, desc: 
         images, targets = images.to(info.device), targets.to(info.device)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        with autocast(info.device, amp, amp_dtype):
+        with autocast(info.device, AMP_DTYPES[amp_dtype] if amp else None):
             logits = model(images).float()
         loss_sum += loss_fn(logits, targets).item()
         correct += (logits.argmax(-1) == targets).sum().item()

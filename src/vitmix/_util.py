@@ -1,0 +1,72 @@
+"""Generic helpers with no place in one layer: error-message suggestions, autocast, tables.
+
+Imports only the standard library at module level (torch lazily), so every layer may use it —
+``ops`` and ``mixers`` included — without breaking the layer map or slowing ``vitmix --help``.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import difflib
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Union
+
+
+# ----------------------------------------------------------------------------------------- errors
+def close_matches(name: str, options: Iterable[str], n: int = 3) -> str:
+    """A ``" Did you mean: a, b?"`` suffix for error messages (empty when nothing is close)."""
+    matches = difflib.get_close_matches(name, list(options), n=n, cutoff=0.5)
+    return f" Did you mean: {', '.join(matches)}?" if matches else ""
+
+
+# --------------------------------------------------------------------------------------- autocast
+def autocast(device, dtype=None):
+    """Mixed precision for a block of code: ``torch.autocast`` on ``device``'s type computing in
+    ``dtype`` (``torch.bfloat16`` or ``torch.float16``), or a no-op context for ``None`` and
+    ``torch.float32`` (full precision), so callers need no branch of their own."""
+    import torch
+
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------- tables
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: Optional[str] = None) -> str:
+    """A markdown table: the header, the separator and one line per row of (already formatted) cells.
+
+    ``align`` gives one letter per column, ``"l"`` (``---``) or ``"r"`` (``---:``); ``None`` leaves
+    every column at the renderer's default (``---``).
+    """
+    if align is not None and len(align) != len(header):
+        raise ValueError(f"align={align!r} has {len(align)} letters for {len(header)} columns")
+    marks = ["---:" if a == "r" else "---" for a in (align or "l" * len(header))]
+    lines = [_markdown_row(header), "|" + "|".join(marks) + "|"]
+    lines += [_markdown_row(r) for r in rows]
+    return "\n".join(lines)
+
+
+def _markdown_row(cells: Sequence[object]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def table_columns(rows: Iterable[dict]) -> List[str]:
+    """Every key of ``rows`` in order of first appearance (rows may have different keys)."""
+    cols: List[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    return cols
+
+
+def write_csv(path: Union[str, Path], rows: Sequence[dict], columns: Optional[Sequence[str]] = None) -> str:
+    """Write ``rows`` (dicts) as a CSV file with ``columns`` (default: every key, first seen first);
+    keys outside ``columns`` are left out and missing ones are empty. Returns the path."""
+    cols = list(columns) if columns is not None else table_columns(rows)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return str(path)
+
+
+__all__ = ["close_matches", "autocast", "markdown_table", "table_columns", "write_csv"]
