@@ -13,6 +13,7 @@ from . import softmax  # noqa: F401,E402
 from . import fibottention  # noqa: F401,E402
 from . import laplacian, soft  # noqa: F401,E402
 from . import linear, nystromformer, performer  # noqa: F401,E402  (baselines)
+from . import bigbird, linformer, longformer, topk  # noqa: F401,E402  (sparse and low-rank baselines)
 
 __all__ = [
     "TokenMixer", "create", "get_mixer_class", "infer_grid", "list_mixers", "register_mixer",

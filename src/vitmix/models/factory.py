@@ -5,6 +5,7 @@ import inspect
 from typing import Optional
 
 import timm
+import torch
 from torch import nn
 
 from ..mixers import TokenMixer, set_token_grid
@@ -32,7 +33,7 @@ def is_vitmix_model(name: str) -> bool:
     """True for models that vitmix itself registers in timm."""
     try:
         fn = timm.models.model_entrypoint(name.split(".")[0])
-    except RuntimeError:
+    except (KeyError, RuntimeError):       # timm versions differ in which one an unknown name raises
         return False
     return fn.__module__.startswith("vitmix.")
 
@@ -67,7 +68,22 @@ def create_model(name: str, pretrained: bool = False, *, mixer: Optional[str] = 
         raise ValueError(f"cannot build {name!r}: {err}") from None
     _check_patch_grid(model, name)
     _number_layers(model)
+    _materialize_lazy(model, kwargs)
     return model
+
+
+def _materialize_lazy(model: nn.Module, kwargs: dict) -> None:
+    """Give lazy parameters (e.g. Linformer's E/F inside a pyramid, whose stages learn their grid in
+    the first forward) their shapes with one forward at the model's input size, so the model can be
+    counted, saved and handed to an optimizer straight away."""
+    if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in model.parameters()):
+        return
+    size = kwargs.get("img_size") or model.pretrained_cfg.get("input_size", (3, 224, 224))[-2:]
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    was_training = model.training
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, kwargs.get("in_chans", 3), *size))
+    model.train(was_training)
 
 
 def _number_layers(model: nn.Module) -> None:

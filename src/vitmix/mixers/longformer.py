@@ -1,0 +1,200 @@
+"""Longformer attention (Beltagy et al., "Longformer: The Long-Document Transformer", arXiv 2004.05150,
+2020): a sliding window plus global attention, computed sparsely.
+
+Every patch token attends to the patch tokens within ``radius`` positions of it in the flattened
+(raster-order) sequence — the paper's 1-D window of size ``w = 2·radius + 1`` — and to the prefix
+(CLS/register) tokens; the prefix tokens are the *global* tokens of the paper: they attend to every
+token and every token attends to them. ``dilation`` spaces the window (the paper's dilated sliding
+window: offsets ``0, δ, 2δ, …``).
+
+Why 1-D: it is the paper's pattern, and it is exactly a set of diagonals, so it runs on
+:func:`vitmix.ops.sparse_diagonal.sparse_diagonal_attention` in O(N·radius·d) time and memory with no
+approximation. A 2-D (image) window is a different method (local/neighbourhood attention); as
+diagonals it would wrap across row ends. In raster order a patch sees its ``radius`` horizontal
+neighbours on each side, and the rows above/below only as far as the window reaches
+(``radius ≥ W`` covers the vertical neighbours of a ``W``-wide grid).
+
+Defaults and where they come from: the paper uses windows of 512 tokens on text (and grows them
+with depth for character LM); images have far fewer tokens, so the default ``radius=24`` gives a
+49-token window — the per-query budget of the other linear baselines in vitmix (49 Nyström
+landmarks, SOFT's 49 at 224²), so comparisons spend the same number of keys per query. The paper
+gives the global rows their own projections ``Q_g, K_g, V_g`` (``global_projections=True``); off by
+default so that the layer keeps timm ``Attention``'s parameters (softmax checkpoints load, and a
+model without prefix tokens has no unused weights).
+
+``mode="masked"`` computes the same function densely (``-inf`` outside the pattern; O(N²), the
+reference, and the mode that supports ``attn_drop``).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops.fibonacci import interaction_counts, offsets_mask
+from ..ops.sparse_diagonal import BACKENDS, diagonal_plan, masked_diagonal_attention, sparse_diagonal_attention
+from .base import AttentionProjections, TokenMixer, close_matches
+from .registry import register_mixer
+
+__all__ = ["LongformerAttention", "window_offsets", "prefix_only_grid", "SPARSE_MODES"]
+
+#: how a sparse baseline applies its pattern: truly sparse, or dense with -inf outside it
+SPARSE_MODES = ("sparse", "masked")
+
+
+def window_offsets(radius: int, dilation: int, num_tokens: int) -> Tuple[int, ...]:
+    """The window's offsets ``0, δ, …, radius·δ`` that exist among ``num_tokens`` patch tokens."""
+    return tuple(d * dilation for d in range(radius + 1) if d * dilation < num_tokens)
+
+
+def prefix_only_grid(mixer: TokenMixer, n_tokens: int, hw, num_prefix_tokens):
+    """``(hw, prefix)`` for a mixer that needs only the prefix count: with a prefix count and no
+    grid (per call or on the mixer), the patch tokens are taken as one row, so any length works."""
+    prefix = num_prefix_tokens if num_prefix_tokens is not None else mixer.num_prefix_tokens
+    if hw is None and mixer.hw is None and prefix is not None:
+        if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+            raise ValueError(f"num_prefix_tokens must be a non-negative int, got {prefix!r}")
+        if prefix >= n_tokens:
+            raise ValueError(f"num_prefix_tokens={prefix} must be smaller than the sequence length N={n_tokens} "
+                             f"({mixer.mixer_name} needs at least one patch token)")
+        hw = (1, n_tokens - prefix)
+    return hw, prefix
+
+
+def check_sparse_options(name: str, mode: str, backend: Optional[str], attn_drop: float) -> None:
+    """Shared checks of the sparse baselines' ``mode``/``backend``/``attn_drop``."""
+    choices = (("mode", mode, SPARSE_MODES),) + ((("backend", backend, BACKENDS),) if backend is not None else ())
+    for key, value, allowed in choices:
+        if value not in allowed:
+            raise ValueError(f"{name} {key}={value!r} is not one of {', '.join(allowed)}."
+                             + close_matches(str(value), allowed))
+    if mode == "sparse" and attn_drop:
+        raise ValueError(f"{name} mode='sparse' does not implement attention dropout; use attn_drop=0 or "
+                         f"mode='masked'")
+
+
+def positive_int(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+@register_mixer("longformer")
+class LongformerAttention(AttentionProjections, TokenMixer):
+    """Longformer sliding-window + global attention (Beltagy et al., 2020), sparse, O(N·radius).
+
+    Args:
+        radius: window radius in tokens of the flattened sequence (default 24: a 49-token window).
+        dilation: gap between window positions (default 1, no dilation).
+        global_projections: separate ``Q_g, K_g, V_g`` for the global (prefix) rows, as in the
+            paper (default False; see the module docstring).
+        mode: ``"sparse"`` (default) or ``"masked"`` (dense reference; supports ``attn_drop``).
+        backend: sparse kernel, ``"auto"`` | ``"c"`` | ``"torch"`` (see
+            :func:`~vitmix.ops.sparse_diagonal.sparse_diagonal_attention`).
+        See :class:`~vitmix.mixers.base.TokenMixer` for the shared arguments. Only the prefix count
+        of the grid is used: with ``num_prefix_tokens`` given and no ``hw``, any length works.
+    """
+
+    complexity = "linear"
+    spatial = True
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
+                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 norm_layer: Optional[type] = None, *, radius: int = 24, dilation: int = 1,
+                 global_projections: bool = False, mode: str = "sparse", backend: str = "auto", **kwargs) -> None:
+        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
+                         norm_layer, **kwargs)
+        check_sparse_options("longformer", mode, backend, attn_drop)
+        self.radius = positive_int(radius, "radius", 0)
+        self.dilation = positive_int(dilation, "dilation", 1)
+        self.mode, self.backend, self.global_projections = mode, backend, bool(global_projections)
+        self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
+        self.qkv_global = nn.Linear(dim, 3 * dim, bias=qkv_bias) if self.global_projections else None
+        self._cache: Dict[Tuple, object] = {}
+
+    def head_offsets(self, num_tokens: int) -> List[Tuple[int, ...]]:
+        """Offset set of each head (all heads share the window) for ``num_tokens`` patch tokens."""
+        return [window_offsets(self.radius, self.dilation, num_tokens)] * self.num_heads
+
+    def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
+        key = (kind, num_tokens, prefix, str(device))
+        if key not in self._cache:
+            offsets = self.head_offsets(num_tokens)
+            self._cache[key] = (diagonal_plan(offsets, num_tokens, device) if kind == "plan"
+                                else offsets_mask(offsets, num_tokens, prefix, device=device))
+        return self._cache[key]
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
+                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
+        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works."""
+        if x.dim() == 3:
+            hw, num_prefix_tokens = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
+        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
+
+    def mix(self, x, grid, attn_mask=None, is_causal=False):
+        prefix = grid[0]
+        n = x.shape[1] - prefix
+        q, k, v = self._qkv(x)
+        if self.mode == "sparse":
+            plan = self._pattern("plan", n, prefix, x.device)
+            out = sparse_diagonal_attention(q, k, v, plan, prefix, scale=self.scale, backend=self.backend)
+        else:
+            drop = self.attn_drop.p if self.training else 0.0
+            out = masked_diagonal_attention(q, k, v, None, prefix, scale=self.scale, attn_drop=drop,
+                                            mask=self._pattern("mask", n, prefix, x.device))
+        if self.global_projections and prefix:
+            out = torch.cat([self._global_rows(x, prefix), out[:, :, prefix:]], dim=2)
+        return self._project_out(out)
+
+    def _global_qkv(self, x: torch.Tensor, prefix: int):
+        """``Q_g`` of the prefix tokens and ``K_g, V_g`` of all tokens, ``(B, heads, ·, d)``."""
+        b, t, c = x.shape
+        w, bias = self.qkv_global.weight, self.qkv_global.bias
+        qg = F.linear(x[:, :prefix], w[:c], None if bias is None else bias[:c])
+        kv = F.linear(x, w[c:], None if bias is None else bias[c:]).view(b, t, 2, self.num_heads, self.head_dim)
+        kg, vg = kv.permute(2, 0, 3, 1, 4).unbind(0)
+        return self.q_norm(qg.view(b, prefix, self.num_heads, self.head_dim).transpose(1, 2)), self.k_norm(kg), vg
+
+    def _global_rows(self, x: torch.Tensor, prefix: int) -> torch.Tensor:
+        """The prefix rows through the global projections: ``softmax(Q_g K_gᵀ) V_g`` over all tokens."""
+        qg, kg, vg = self._global_qkv(x, prefix)
+        drop = self.attn_drop.p if self.training else 0.0
+        return F.scaled_dot_product_attention(qg, kg, vg, dropout_p=drop, scale=self.scale)
+
+    def _prefix(self, n: int) -> int:
+        return self.token_grid(n, *prefix_only_grid(self, n, None, None))[0]
+
+    def analytic_flops(self, batch: int, n: int) -> int:
+        """qkv and proj, plus ``4·d`` per computed (query, key) pair: the window and prefix pairs
+        (``sparse``) or all ``N²`` (``masked``); the global projections add their linears and rows."""
+        c, d, h = self.dim, self.head_dim, self.num_heads
+        prefix = self._prefix(n)
+        total = 2 * batch * n * c * 4 * c
+        if self.mode == "sparse":
+            total += 4 * batch * d * sum(interaction_counts(self.head_offsets(n - prefix), n - prefix, prefix))
+        else:
+            total += 4 * batch * h * n * n * d
+        if self.global_projections and prefix:
+            total += 2 * batch * (prefix * c * c + n * c * 2 * c) + 4 * batch * h * prefix * n * d
+        return total
+
+    @torch.no_grad()
+    def attention_map(self, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
+                      num_prefix_tokens: Optional[int] = None, **_) -> torch.Tensor:
+        """Effective ``(B, heads, N, N)`` weights (dense, O(N²); zero outside the window and prefix)."""
+        hw, prefix = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
+        prefix = self.token_grid(x.shape[1], hw, prefix)[0]
+        q, k, _ = self._qkv(x)
+        n = x.shape[1] - prefix
+        mask = self._pattern("mask", n, prefix, x.device)
+        w = torch.softmax(((q @ k.transpose(-1, -2)) * self.scale).masked_fill(~mask, float("-inf")), dim=-1)
+        if self.global_projections and prefix:
+            qg, kg, _ = self._global_qkv(x, prefix)
+            w[:, :, :prefix] = torch.softmax((qg @ kg.transpose(-1, -2)) * self.scale, dim=-1)
+        return w
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, radius={self.radius}, dilation={self.dilation}, "
+                f"global_projections={self.global_projections}, mode={self.mode!r}")
