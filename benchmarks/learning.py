@@ -26,35 +26,26 @@ import os
 import sys
 from pathlib import Path
 
+from vitmix._util import markdown_table
 from vitmix.bench.env import environment
+from vitmix.compare.runner import Entry, plan_entries, train_entry
 from vitmix.train.config import TrainConfig, load_yaml
-from vitmix.train.runner import train
 
 ROOT = Path(__file__).resolve().parent
 MIXERS = ("softmax", "soft", "soft_norm", "laplacian", "fibottention")
 
 
-def entries(cfg: TrainConfig, mixers, models):
-    """``(label, TrainConfig)`` per mixer of the config's model, then per whole model."""
-    out = [(m, TrainConfig.from_dict({**cfg.to_dict(), "mixer": m})) for m in mixers]
-    for model in models:
-        options = {k: v for k, v in cfg.model_options.items() if k != "num_heads"}
-        out.append((model, TrainConfig.from_dict({**cfg.to_dict(), "model": model, "mixer": None,
-                                                  "model_options": options})))
-    return out
+def entries(cfg: TrainConfig, mixers, models, run_root: Path):
+    """The runs: each mixer in the config's model, then each whole model (``vitmix compare``'s plan)."""
+    return plan_entries(cfg, mixers, models, run_root)
 
 
-def run_entry(label: str, cfg: TrainConfig, run_root: Path) -> dict:
-    run_dir = run_root / label
-    if (run_dir / "summary.json").is_file():
-        print(f"{label}: finished earlier, reading {run_dir}", flush=True)
-    else:
-        cfg.out, cfg.resume = str(run_dir), (run_dir / "state.pt").is_file()
-        print(f"{label}: training into {run_dir}", flush=True)
-        train(cfg)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    return {"entry": label, "params": summary["params"], "val_acc": [h["val_acc"] for h in history],
+def run_entry(entry: Entry) -> dict:
+    """Train the entry (or read its finished run back, or resume it) and return its accuracy curve."""
+    print(f"{entry.label}: {entry.run_dir}", flush=True)
+    summary = train_entry(entry, log=print, on_epoch=None)
+    history = [json.loads(line) for line in (entry.run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    return {"entry": entry.label, "params": summary["params"], "val_acc": [h["val_acc"] for h in history],
             "final": summary["final_val_acc"], "best": summary["best_val_acc"],
             "train_seconds": summary["train_seconds"]}
 
@@ -66,25 +57,30 @@ def write(rows, cfg_path: Path, out: Path, env: dict, cmd: str) -> None:
         r["gap_to_softmax"] = [a - b for a, b in zip(r["val_acc"], base["val_acc"])] if base else None
     (out / "results.json").write_text(json.dumps({"config": str(cfg_path), "config_values": load_yaml(cfg_path),
                                                   "environment": env, "rows": rows}, indent=2))
+    text = report(rows, base, cfg_path, env, cmd)
+    (out / "results.md").write_text(text + "\n")
+    print(text)
+    plot(rows, cfg_path, out / "curves.png")
+
+
+def report(rows, base, cfg_path: Path, env: dict, cmd: str) -> str:
+    """The markdown of ``results.md``: accuracy by epoch, then the gap to softmax (``base``) at each."""
     epochs = max(len(r["val_acc"]) for r in rows)
-    head = "| entry | params | " + " | ".join(f"ep {e + 1}" for e in range(epochs)) + " | final | best | train s |"
+    eps = [f"ep {e + 1}" for e in range(epochs)]
+    cells = [[r["entry"], f"{r['params'] / 1e3:.0f}k"] + [f"{a:.2f}" for a in r["val_acc"]]
+             + [f"{r['final']:.2f}", f"{r['best']:.2f}", f"{r['train_seconds']:.0f}"] for r in rows]
     lines = [f"# Validation accuracy (%) by epoch: `{cfg_path.as_posix()}`", "",
              f"Command: `{cmd}`; one run per entry, same "
              f"recipe and seed. {env['cpu']}, torch {env['torch']}, {env['date_utc']}. 'train s' is wall time "
              "on whatever else the machine ran (not a speed measurement: see benchmarks/projection_floor.py).",
-             "", head, "|---" * (epochs + 5) + "|"]
-    for r in rows:
-        accs = " | ".join(f"{a:.2f}" for a in r["val_acc"])
-        lines.append(f"| {r['entry']} | {r['params'] / 1e3:.0f}k | {accs} | {r['final']:.2f} | {r['best']:.2f} | "
-                     f"{r['train_seconds']:.0f} |")
+             "", markdown_table(["entry", "params"] + eps + ["final", "best", "train s"], cells)]
     if base:
-        lines += ["", "Gap to softmax (points; negative = below softmax):", "",
-                  "| entry | " + " | ".join(f"ep {e + 1}" for e in range(epochs)) + " |", "|---" * (epochs + 1) + "|"]
-        for r in rows:
-            if r is not base:
-                lines.append(f"| {r['entry']} | " + " | ".join(f"{g:+.2f}" for g in r["gap_to_softmax"]) + " |")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        gaps = [[r["entry"]] + [f"{g:+.2f}" for g in r["gap_to_softmax"]] for r in rows if r is not base]
+        lines += ["", "Gap to softmax (points; negative = below softmax):", "", markdown_table(["entry"] + eps, gaps)]
+    return "\n".join(lines)
+
+
+def plot(rows, cfg_path: Path, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,7 +94,7 @@ def write(rows, cfg_path: Path, out: Path, env: dict, cmd: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=120)
+    fig.savefig(path, dpi=120)
 
 
 def write_seed_summary(per_seed, cfg_path: Path, out: Path, env: dict, cmd: str) -> None:
@@ -108,23 +104,23 @@ def write_seed_summary(per_seed, cfg_path: Path, out: Path, env: dict, cmd: str)
     labels = [r["entry"] for r in per_seed[seeds[0]]]
     lines = [f"# Several seeds: `{cfg_path.as_posix()}`", "", f"Command: `{cmd}`. {env['cpu']}, torch {env['torch']}, "
              f"{env['date_utc']}. Per-seed tables: " + ", ".join(f"[seed {s}](seed{s}/results.md)" for s in seeds)
-             + ".", "", "Smallest gap to softmax (same seed) over epochs 5–last, and final accuracy:", "",
-             "| entry | " + " | ".join(f"seed {s}: min gap ep≥5 | seed {s}: final" for s in seeds) + " |",
-             "|---" * (1 + 2 * len(seeds)) + "|"]
+             + ".", "", "Smallest gap to softmax (same seed) over epochs 5–last, and final accuracy:", ""]
+    cells = []
     for label in labels:
-        cells = []
+        cells.append([label])
         for s in seeds:
             r = next(x for x in per_seed[s] if x["entry"] == label)
             gaps = (r.get("gap_to_softmax") or [])[4:]
-            cells += [f"{min(gaps):+.2f}" if gaps and label != "softmax" else "—", f"{r['final']:.2f}"]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            cells[-1] += [f"{min(gaps):+.2f}" if gaps and label != "softmax" else "—", f"{r['final']:.2f}"]
+    header = ["entry"] + [f"seed {s}: {what}" for s in seeds for what in ("min gap ep≥5", "final")]
+    lines.append(markdown_table(header, cells))
     epochs = min(len(r["val_acc"]) for s in seeds for r in per_seed[s])
-    lines += ["", f"Mean validation accuracy (%) over seeds {', '.join(map(str, seeds))}:", "",
-              "| entry | " + " | ".join(f"ep {e + 1}" for e in range(epochs)) + " |", "|---" * (epochs + 1) + "|"]
+    means = []
     for label in labels:
         runs = [next(x for x in per_seed[s] if x["entry"] == label)["val_acc"] for s in seeds]
-        lines.append(f"| {label} | " + " | ".join(f"{sum(r[e] for r in runs) / len(runs):.1f}"
-                                                  for e in range(epochs)) + " |")
+        means.append([label] + [f"{sum(r[e] for r in runs) / len(runs):.1f}" for e in range(epochs)])
+    lines += ["", f"Mean validation accuracy (%) over seeds {', '.join(map(str, seeds))}:", "",
+              markdown_table(["entry"] + [f"ep {e + 1}" for e in range(epochs)], means)]
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -143,18 +139,18 @@ def main(argv=None) -> None:
     cfg = TrainConfig.from_dict(load_yaml(args.config))
     stem = args.config.stem
     run_root = Path("runs") / "learning" / stem
-    todo = entries(cfg, [m for m in args.mixers.split(",") if m], [m for m in args.models.split(",") if m])
+    mixers, models = [m for m in args.mixers.split(",") if m], [m for m in args.models.split(",") if m]
     env = environment()
     cmd = "python benchmarks/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
     out = args.out or ROOT / "results" / "learning" / stem
     if not args.seeds:
-        write([run_entry(label, c, run_root) for label, c in todo], args.config, out, env, cmd)
+        write([run_entry(e) for e in entries(cfg, mixers, models, run_root)], args.config, out, env, cmd)
         return
     per_seed = {}
     run_root, out = run_root.with_name(stem + "-seeds"), args.out or out.with_name(stem + "-seeds")
     for seed in (int(x) for x in args.seeds.split(",")):
-        per_seed[seed] = [run_entry(label, TrainConfig.from_dict({**c.to_dict(), "seed": seed}),
-                                    run_root / f"seed{seed}") for label, c in todo]
+        seeded = TrainConfig.from_dict({**cfg.to_dict(), "seed": seed})
+        per_seed[seed] = [run_entry(e) for e in entries(seeded, mixers, models, run_root / f"seed{seed}")]
         write(per_seed[seed], args.config, out / f"seed{seed}", env, cmd)
     write_seed_summary(per_seed, args.config, out, env, cmd)
 

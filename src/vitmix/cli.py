@@ -1,4 +1,4 @@
-"""vitmix: efficient token mixers for vision transformers (train, eval, bench, analyze, models, mixers).
+"""vitmix: efficient token mixers for vision transformers (train, eval, compare, bench, analyze, models, mixers).
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``; that function builds
 the sub-parser and sets ``func(args) -> int``. Errors a user can fix (``ValueError``,
@@ -13,6 +13,7 @@ import sys
 # Modules that contribute subcommands, in the order `vitmix --help` lists them.
 _SUBCOMMAND_MODULES = (
     "vitmix.train.cli",
+    "vitmix.compare.cli",
     "vitmix.bench.cli",
     "vitmix.analysis.cli",
     "vitmix.listing",

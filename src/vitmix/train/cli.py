@@ -43,10 +43,37 @@ def add_parser(sub) -> None:
                        description="Train a model; writes config.yaml, metrics.jsonl, checkpoints and curves.png "
                                    "into a run directory. Scale out with "
                                    "`torchrun --nproc_per_node=N -m vitmix.cli train ...`.")
+    add_config_flags(p)
+    p.set_defaults(func=run_train)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset's validation split",
+                       description="Evaluate a checkpoint on a dataset's validation split; with --corruptions, "
+                                   "also under image corruptions (ImageNet-C family), written to "
+                                   "corruptions.md/.csv/.json/.png.")
+    e.add_argument("checkpoint_path", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="a .safetensors checkpoint or a run directory (its best.safetensors)")
+    e.add_argument("--checkpoint", help="the same, as a flag")
+    e.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
+    e.add_argument("--data-dir")
+    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--device")
+    e.add_argument("--amp", action="store_true", help="bf16 autocast")
+    e.add_argument("--corruptions", metavar="all|NAME,NAME",
+                   help="also evaluate under these corruptions (names and parameters: docs/robustness.md)")
+    e.add_argument("--severities", metavar="1,2,3", help="corruption severities, 1..5 (default: 1,2,3,4,5)")
+    e.add_argument("--seed", type=int, help="seed of the corruptions' random noise (default: 0)")
+    e.add_argument("--out", metavar="DIR", help="corruption report directory (default: the run directory, "
+                                                "or the checkpoint's folder)")
+    e.set_defaults(func=run_eval)
+
+
+def add_config_flags(p: argparse.ArgumentParser, exclude=()) -> None:
+    """``--config`` plus one flag per :class:`TrainConfig` field (not those in ``exclude``), and the
+    repeatable ``-M``/``--model-option`` KEY=VALUE options; read back with :func:`config_from_args`."""
     p.add_argument("--config", help="YAML file of config values; flags given on the command line override it")
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
-        if f.name in ("mixer_options", "model_options"):
+        if f.name in ("mixer_options", "model_options") or f.name in exclude:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
@@ -69,26 +96,19 @@ def add_parser(sub) -> None:
                    help="mixer option, repeatable (e.g. -M num_landmarks=16)")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="model constructor option, repeatable (e.g. --model-option depth=4)")
-    p.set_defaults(func=run_train)
-
-    e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset's validation split")
-    e.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint or a run directory")
-    e.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
-    e.add_argument("--data-dir")
-    e.add_argument("--batch-size", type=int, default=128)
-    e.add_argument("--device")
-    e.add_argument("--amp", action="store_true", help="bf16 autocast")
-    e.set_defaults(func=run_eval)
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def config_from_args(args: argparse.Namespace, config_cls=TrainConfig):
     """The run's config: ``--config`` overlaid by the flags given. With ``--resume`` the base is the
     run's own ``config.yaml``, so ``vitmix train --out RUN --resume`` needs no other flag (and a flag
-    that would change the run is refused by the runner)."""
-    saved = Path(args.out or "", "config.yaml")
-    values = load_yaml(saved) if args.resume and args.out and saved.is_file() else {}
+    that would change the run is refused by the runner). ``config_cls``: any :class:`YamlConfig`
+    dataclass whose fields are the flags (``vitmix generate train`` passes its own); an optional
+    field given as 0 (``--clip-grad 0``, ``--ema-decay 0``) means off."""
+    resume, out = getattr(args, "resume", None), getattr(args, "out", None)
+    saved = Path(out or "", "config.yaml")
+    values = load_yaml(saved) if resume and out and saved.is_file() else {}
     values.update(load_yaml(args.config) if args.config else {})
-    for name in TrainConfig.field_names():
+    for name in config_cls.field_names():
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
@@ -96,9 +116,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["mixer_options"] = {**values.get("mixer_options", {}), **parse_key_values(args.mixer_option)}
     if args.model_option:
         values["model_options"] = {**values.get("model_options", {}), **parse_key_values(args.model_option)}
-    if values.get("clip_grad") == 0:
-        values["clip_grad"] = None
-    return TrainConfig.from_dict(values)
+    for name in ("clip_grad", "ema_decay"):
+        if values.get(name) == 0:
+            values[name] = None
+    return config_cls.from_dict(values)
 
 
 def run_train(args) -> int:
@@ -111,7 +132,48 @@ def run_train(args) -> int:
 def run_eval(args) -> int:
     from .runner import evaluate_checkpoint
 
-    r = evaluate_checkpoint(args.checkpoint, args.data, args.data_dir, args.batch_size, args.device, args.amp)
+    checkpoint = _eval_checkpoint(args)
+    if args.corruptions is not None:
+        return _run_corruptions(args, checkpoint)
+    given = [flag for flag in ("severities", "seed", "out") if getattr(args, flag) is not None]
+    if given:
+        raise ValueError(f"--{given[0]} sets up the corruption report: add --corruptions all (or names)")
+    r = evaluate_checkpoint(checkpoint, args.data, args.data_dir, args.batch_size, args.device, args.amp)
     print(f"{r['model']} (mixer={r['mixer'] or 'default'}) on {r['data']}: val acc {r['val_acc']:.2f}% "
           f"({r['val_images']} images), val loss {r['val_loss']:.4f}  [{r['checkpoint']}]")
+    return 0
+
+
+def _eval_checkpoint(args) -> str:
+    """The checkpoint given positionally or with --checkpoint (one of them, or both the same)."""
+    given = {c for c in (args.checkpoint_path, args.checkpoint) if c}
+    if len(given) != 1:
+        raise ValueError("give one checkpoint: vitmix eval RUN_DIR_OR_CHECKPOINT" if not given else
+                         f"two different checkpoints given ({' and '.join(sorted(given))}); give one")
+    return given.pop()
+
+
+def _run_corruptions(args, checkpoint: str) -> int:
+    """``vitmix eval --corruptions``: every name, severity and path is checked before any work."""
+    from ..data.corruptions import parse_corruptions, parse_severities
+    from .robustness import (
+        corruption_summary, corruption_table, default_report_dir, evaluate_checkpoint_corruptions,
+        write_corruption_report,
+    )
+    from .runner import resolve_checkpoint
+
+    names = parse_corruptions(args.corruptions)
+    severities = parse_severities(args.severities if args.severities is not None else "1,2,3,4,5")
+    resolve_checkpoint(checkpoint)                      # a missing checkpoint fails here, before the data
+    out = Path(args.out) if args.out else default_report_dir(checkpoint)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory for the corruption report")
+    result = evaluate_checkpoint_corruptions(
+        checkpoint, data=args.data, data_dir=args.data_dir, device=args.device, corruptions=names,
+        severities=severities, seed=args.seed or 0, batch_size=args.batch_size, amp=args.amp)
+    paths = write_corruption_report(result, out)
+    print(f"{result['model']} (mixer={result['mixer'] or 'default'}) on {result['data']}  [{result['checkpoint']}]")
+    print(corruption_table(result))
+    print(corruption_summary(result))
+    print(f"report: {paths['corruptions.md']} (+ .csv, .json, .png)")
     return 0

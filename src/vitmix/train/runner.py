@@ -7,7 +7,7 @@ import random
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -105,7 +105,12 @@ def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int
     kwargs = dict(cfg.model_options, num_classes=num_classes, in_chans=in_chans, img_size=img_size)
     if cfg.drop_path:
         kwargs["drop_path_rate"] = cfg.drop_path
-    return create_model(cfg.model, mixer=cfg.mixer, mixer_options=cfg.mixer_options or None, **kwargs)
+    model = create_model(cfg.model, mixer=cfg.mixer, mixer_options=cfg.mixer_options or None, **kwargs)
+    task = getattr(model, "task", "classification")
+    if task != "classification":      # before the run directory exists: nothing is left behind
+        raise ValueError(f"{cfg.model} is a {task} model, not a classifier; train it with "
+                         f"`vitmix generate train --model {cfg.model}`")
+    return model
 
 
 def _subset(train_set, size: Optional[int], seed: int):
@@ -174,15 +179,18 @@ def metrics_csv(history) -> str:
     return "\n".join(rows) + "\n"
 
 
-def train(cfg: TrainConfig, log=print) -> dict:
+def train(cfg: TrainConfig, log=print, on_epoch: Optional[Callable[[dict], None]] = None) -> dict:
     """Train ``cfg.model`` on ``cfg.data``; returns a summary dict (also written to ``summary.json``).
 
     Everything that can fail on bad input (model, mixer, data, image size, resume state) is checked
     before the run directory is created, and an existing run is never overwritten without ``resume``.
+    ``on_epoch(metrics)`` is called on the main process after each epoch's checkpoint is written
+    (e.g. to drive an outer progress bar).
     """
     info = init_distributed(cfg.device)
+    quiet = lambda *a, **k: None  # noqa: E731  (other ranks neither log nor report)
     try:
-        return _train(cfg, info, log if info.is_main else (lambda *a, **k: None))
+        return _train(cfg, info, log if info.is_main else quiet, on_epoch if info.is_main else None)
     finally:
         cleanup(info)
 
@@ -222,7 +230,7 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     return run_dir
 
 
-def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
+def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     check_numbers(cfg)
     seed_everything(cfg.seed + info.rank)
     img_size = cfg.img_size or default_img_size(cfg.model)
@@ -262,15 +270,25 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
     n_params = sum(p.numel() for p in unwrap(model).parameters())
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_text(run_dir / "config.yaml", cfg.to_yaml() + f"# resolved: img_size={img_size} world_size={info.world_size}\n")
+        resolved = f"# resolved: img_size={img_size} world_size={info.world_size}\n"
+        save_text(run_dir / "config.yaml", cfg.to_yaml() + resolved)
     log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
         f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {cfg.epochs} epochs, "
         f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
         f"{f' (--lr × {global_batch}/{cfg.lr_base_batch})' if cfg.lr_base_batch else ''}; run dir {run_dir}")
 
-    board = tensorboard_writer(run_dir) if cfg.tensorboard and info.is_main else None
     t0 = time.perf_counter()
-    epoch = start_epoch
+    history, step = _epochs(cfg, info, model, r, (train_loader, val_loader, sampler), run_dir,
+                            (start_epoch, step, best_acc, history), lambda m: _meta(cfg, img_size, data_info, m),
+                            log, on_epoch)
+    return _finish(cfg, run_dir, history, n_params, step, time.perf_counter() - t0, info.is_main, log)
+
+
+def _epochs(cfg, info, model, r, loaders, run_dir, start, meta_for, log, on_epoch):
+    """The epoch loop: train, validate, checkpoint, log; returns ``(history, step)``."""
+    train_loader, val_loader, sampler = loaders
+    start_epoch, step, best_acc, history = start
+    board = tensorboard_writer(run_dir) if cfg.tensorboard and info.is_main else None
     for epoch in range(start_epoch, cfg.epochs):
         if cfg.max_steps is not None and step >= cfg.max_steps:
             break                                          # a resumed run already at its step limit
@@ -279,22 +297,28 @@ def _train(cfg: TrainConfig, info: DistInfo, log) -> dict:
         metrics.update(_validate(model, r, val_loader, info, cfg), epoch=epoch + 1)
         history.append(metrics)
         if board is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and key != "epoch":
-                    board.add_scalar(key, value, epoch + 1)
-            board.flush()
+            _log_board(board, metrics, epoch + 1)
         if info.is_main:
-            _save_epoch(run_dir, model, r, train_loader, history, step, best_acc, _meta(cfg, img_size, data_info, metrics))
+            _save_epoch(run_dir, model, r, train_loader, history, step, best_acc, meta_for(metrics))
         best_acc = max(best_acc, metrics["val_acc"])
         ema_text = f" (EMA {metrics['val_acc_ema']:.2f}%)" if r.ema is not None else ""
         log(f"epoch {epoch + 1:>3}/{cfg.epochs}: train loss {metrics['train_loss']:.4f}, "
             f"val loss {metrics['val_loss']:.4f}, val acc {metrics['val_acc']:.2f}%{ema_text}, "
             f"{metrics['images_per_s']:.0f} img/s")
+        if on_epoch is not None:
+            on_epoch(metrics)
         if cfg.max_steps is not None and step >= cfg.max_steps:
             break
     if board is not None:
         board.close()
-    return _finish(cfg, run_dir, history, n_params, step, time.perf_counter() - t0, info.is_main, log)
+    return history, step
+
+
+def _log_board(board, metrics: dict, epoch: int) -> None:
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)) and key != "epoch":
+            board.add_scalar(key, value, epoch)
+    board.flush()
 
 
 def _validate(model, r, val_loader, info, cfg) -> dict:
