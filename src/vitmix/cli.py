@@ -16,6 +16,7 @@ _SUBCOMMAND_MODULES = (
     "vitmix.compare.cli",
     "vitmix.bench.cli",
     "vitmix.analysis.cli",
+    "vitmix.generate.cli",
     "vitmix.listing",
 )
 

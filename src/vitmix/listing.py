@@ -67,8 +67,10 @@ def model_table(names) -> str:
         size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
         kinds = sorted({getattr(m, "mixer_name", None) or type(m).__name__ for m in model.modules()
                         if isinstance(m, TokenMixer)}) or ["none (dynamic MLP/conv)"]
+        # diffusion backbones (model_task "generation") call as model(x, t, y): one denoising step
+        inputs = model.example_inputs() if hasattr(model, "example_inputs") else (torch.zeros(1, *size),)
         with torch.no_grad():
-            flops = count_flops(lambda: model(torch.zeros(1, *size))).total
+            flops = count_flops(lambda m=model, i=inputs: m(*i)).total
         params = sum(p.numel() for p in model.parameters())
         rows.append(f"| `{name}` | {size[1]}×{size[2]} | {', '.join(kinds)} | {params / 1e6:.2f}M | {flops / 2e9:.2f} |")
     return "\n".join(rows)

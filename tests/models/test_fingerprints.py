@@ -13,10 +13,13 @@ import timm
 import torch
 
 import vitmix  # noqa: F401  (registers the models)
-from vitmix.models import is_vitmix_model
+from vitmix.models import is_vitmix_model, model_task
 
 FILE = pathlib.Path(__file__).with_name("fingerprints.json")
-MODELS = sorted(m for m in timm.list_models() if is_vitmix_model(m))
+# Classifiers only: the diffusion backbones (model_task == "generation": dit_*, weightformer_dit_*) take
+# model(x, t, y) and output exactly 0 at their adaLN-Zero init, so a fingerprint of them would pin nothing;
+# tests/generate/test_dit.py checks them (closed-form parameter counts, block references, zero init).
+MODELS = sorted(m for m in timm.list_models() if is_vitmix_model(m) and model_task(m) == "classification")
 
 
 def _input_size(model) -> int:
@@ -46,11 +49,12 @@ def test_model_output_is_unchanged(name):
     # after another test forced one): ~1e-6 relative per layer, amplified through 20+ blocks and
     # Newton–Schulz (observed: 3e-7 of the absolute sum in laplacianformer_small); the sum of logits
     # cancels, so it is compared on the scale of the absolute sum. A changed model moves these by
-    # orders of magnitude more.
+    # orders of magnitude more. Another CPU (AVX-512 vs AVX2 GEMM kernels) rounds differently again:
+    # observed 1.7e-4 of the mean |logit| on one logit of laplacianformer_large (20 blocks, 4 stages).
     scale = ref["abs_sum"] / ref["numel"]
     assert now["abs_sum"] == pytest.approx(ref["abs_sum"], rel=1e-4)
     assert abs(now["sum"] - ref["sum"]) <= 1e-5 * ref["abs_sum"]
-    assert now["head"] == pytest.approx(ref["head"], rel=1e-4, abs=1e-4 * scale)
+    assert now["head"] == pytest.approx(ref["head"], rel=1e-4, abs=5e-4 * scale)
 
 
 if __name__ == "__main__" and "--update" in sys.argv:

@@ -170,8 +170,11 @@ def test_torchrun_two_processes_equal_one_process_at_the_same_global_batch(tmp_p
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5, abs=1e-6)
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5, abs=1e-6)
     wa, wb = load_file(str(tmp_path / "ddp" / "last.safetensors")), load_file(str(tmp_path / "one" / "last.safetensors"))
-    for k in wa:  # fp32 rounding of the two-way gradient average, over 10 AdamW steps
-        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
+    # fp32 rounding of the two-way gradient average, over 10 AdamW steps of lr 2e-3: Adam divides by
+    # sqrt(v), so on weights whose gradients are ~0 a rounding difference moves the step by up to a few
+    # % of lr (observed 1.2e-5 on an Intel AVX-512 CPU); a wrong split or LR would differ by ~lr (2e-3).
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=5e-5)
 
 
 def test_train_subset_is_a_fixed_seeded_subset(tmp_path):
@@ -325,3 +328,24 @@ def test_tensorboard_logs_every_epoch_metric_or_says_what_to_install(tmp_path, m
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
     with pytest.raises(ValueError, match="pip install tensorboard"):
         runner.check_numbers(TrainConfig(tensorboard=True))
+
+
+def test_atomic_writes_get_a_normal_file_mode(tmp_path):
+    """Checkpoints and reports are renamed from a mkstemp file (mode 0600): they must end up readable
+    like any file the user creates (0666 minus the umask), e.g. for a shared results folder."""
+    from vitmix.train.checkpoint import save_text
+
+    old = os.umask(0o022)
+    try:
+        save_text(tmp_path / "a.txt", "x")
+        assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+
+
+def test_a_generation_model_is_refused_before_the_run_directory_exists(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--model", "dit_nano_patch2", "--data", "digits", "--img-size", "16",
+                 "--out", str(out)]) == 2
+    assert "vitmix generate train --model dit_nano_patch2" in capsys.readouterr().err
+    assert not out.exists()

@@ -8,9 +8,41 @@ from typing import Any, Dict, Optional
 
 import yaml
 
+from .._util import close_matches
+
+
+class YamlConfig:
+    """What a run config dataclass shares: field names (= CLI flags), dict/YAML round trips, and a
+    close-match error for unknown keys. Subclassed by :class:`TrainConfig` and ``vitmix generate``'s."""
+
+    @classmethod
+    def field_names(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+    @classmethod
+    def load(cls, path: Path) -> "YamlConfig":
+        return cls.from_dict(load_yaml(path))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "YamlConfig":
+        unknown = set(values) - set(cls.field_names())
+        if unknown:
+            bad = sorted(unknown)[0]
+            raise ValueError(f"unknown config key {bad!r}." + close_matches(bad, cls.field_names()))
+        return cls(**values)
+
 
 @dataclass
-class TrainConfig:
+class TrainConfig(YamlConfig):
     """Everything that defines a run. CLI flags map 1:1 onto these fields (``--batch-size`` → batch_size)."""
 
     model: str = "vit_nano_patch4_32"
@@ -50,33 +82,6 @@ class TrainConfig:
     out: Optional[str] = None
     resume: bool = False
     device: Optional[str] = None
-
-    @classmethod
-    def field_names(cls):
-        return [f.name for f in dataclasses.fields(cls)]
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-    def save(self, path: Path) -> None:
-        Path(path).write_text(self.to_yaml())
-
-    @classmethod
-    def load(cls, path: Path) -> "TrainConfig":
-        return cls.from_dict(load_yaml(path))
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "TrainConfig":
-        unknown = set(values) - set(cls.field_names())
-        if unknown:
-            from ..mixers.base import close_matches
-
-            bad = sorted(unknown)[0]
-            raise ValueError(f"unknown config key {bad!r}." + close_matches(bad, cls.field_names()))
-        return cls(**values)
 
 
 def load_yaml(path) -> dict:

@@ -1,0 +1,462 @@
+"""The jobs behind ``vitmix generate``: :func:`train_generator`, :func:`sample_grid`, :func:`measure_checkpoint_fd`.
+
+A run directory holds ``config.yaml``, ``last.safetensors`` (model) and ``ema.safetensors`` (EMA weights,
+used for samples when present), ``metrics.jsonl`` (one line per epoch), ``samples/epoch-NNN.png`` (one
+row per class), ``state.pt`` (everything ``--resume`` needs, written last, with the digests of the
+files of its epoch), and at the end ``fd_classifier.safetensors``, ``fd.json`` and ``summary.json``.
+Images are handled in [−1, 1] (the dataset's normalisation undone, then rescaled).
+"""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .._util import close_matches
+from ..data import build_datasets
+from ..models import create_model, is_vitmix_model, list_models
+from ..models.dit import GENERATION, model_task
+from ..train.checkpoint import (
+    _atomic, file_digest, load_into, load_state, load_weights, remove_stray_temporaries, save_state, save_text,
+    save_weights,
+)
+from ..train.distributed import parse_device
+from .config import GenerateConfig
+from .diffusion import PREDICTIONS, SCHEDULES, GaussianDiffusion
+from .fd import FD_LABEL, FeatureNet, features, frechet_distance, gaussian_stats, train_feature_net
+
+#: what ``--resume`` may change (anything else would make a different run)
+RESUME_MAY_CHANGE = ("out", "resume", "device", "epochs", "max_steps", "fd_samples")
+#: the files of one epoch's checkpoint set, recorded (with digests) in ``state.pt``
+CHECKPOINT_FILES = ("last.safetensors", "ema.safetensors", "metrics.jsonl")
+FD_CLASSIFIER = "fd_classifier.safetensors"
+
+
+def _progress(**kwargs):
+    from tqdm.auto import tqdm
+
+    return lambda items: tqdm(items, leave=False, dynamic_ncols=True, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# checks
+# ----------------------------------------------------------------------------------------------
+def generative_models() -> List[str]:
+    """The registered diffusion backbones (``dit_*``, ``weightformer_dit_*``)."""
+    return [m for m in list_models() if is_vitmix_model(m) and model_task(m) == GENERATION]
+
+
+def check_model(name: str) -> None:
+    """``name`` must be a registered diffusion backbone: one-line ``ValueError`` with close matches."""
+    known = generative_models()
+    if name.split(".")[0] in known:
+        return
+    if name.split(".")[0] in list_models():
+        raise ValueError(f"{name!r} is a classifier; `vitmix generate` needs a diffusion backbone: "
+                         f"{', '.join(known)}")
+    raise ValueError(f"unknown model {name!r}." + close_matches(name, known, n=3)
+                     + f" Diffusion backbones: {', '.join(known)}")
+
+
+def check_config(cfg: GenerateConfig) -> None:
+    """Numbers out of range and unknown names are one-line ``ValueError``s naming the flag."""
+    check_model(cfg.model)
+    for name in ("epochs", "batch_size", "timesteps", "sample_steps", "grid_per_class", "train_subset", "max_steps"):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be a positive integer")
+    if cfg.fd_samples < 0 or cfg.fd_samples == 1:
+        raise ValueError(f"--fd-samples {cfg.fd_samples} must be 0 (no FD) or at least 2")
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"--schedule {cfg.schedule!r}: choose {' or '.join(SCHEDULES)}")
+    if cfg.prediction not in PREDICTIONS:
+        raise ValueError(f"--prediction {cfg.prediction!r}: choose {' or '.join(PREDICTIONS)}")
+    if cfg.sample_steps > cfg.timesteps:
+        raise ValueError(f"--sample-steps {cfg.sample_steps} exceeds --timesteps {cfg.timesteps}")
+    if cfg.ema_decay is not None and not 0.0 < cfg.ema_decay < 1.0:
+        raise ValueError(f"--ema-decay {cfg.ema_decay} must be between 0 and 1 (e.g. 0.999)")
+    if cfg.guidance < 0 or cfg.eta < 0 or cfg.lr <= 0:
+        raise ValueError("--guidance and --eta must be >= 0 and --lr > 0")
+
+
+def parse_classes(text: Optional[str], num_classes: int) -> List[int]:
+    """``"0,3,7"`` → ``[0, 3, 7]`` (``None`` or ``"all"``: every class); bad input is a one-line error."""
+    if text is None or text.strip() == "all":
+        return list(range(num_classes))
+    try:
+        classes = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise ValueError(f"--classes {text!r}: give class indices separated by commas, e.g. 0,1,2") from None
+    bad = [c for c in classes if not 0 <= c < num_classes]
+    if not classes or bad:
+        raise ValueError(f"--classes {text!r}: classes are 0..{num_classes - 1}"
+                         + (f" ({bad[0]} is not)" if bad else ""))
+    return classes
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------
+def _as_tensors(dataset, info) -> Tuple[Tensor, Tensor]:
+    """A vitmix dataset as ``(images in [−1, 1], labels)`` tensors (its normalisation undone)."""
+    loader = torch.utils.data.DataLoader(dataset, batch_size=1000, shuffle=False)
+    xs, ys = zip(*loader)
+    mean = torch.tensor(info.mean).view(1, -1, 1, 1)
+    std = torch.tensor(info.std).view(1, -1, 1, 1)
+    return (torch.cat(xs) * std + mean) * 2 - 1, torch.cat(ys)
+
+
+def load_images(data: str, img_size: Optional[int], data_dir: Optional[str] = None, download: bool = False):
+    """``(train_x, train_y, val_x, val_y, info, img_size)``; ``img_size=None``: the native size."""
+    train, val, info = build_datasets(data, img_size or 32, data_dir, download, augment=False)
+    if img_size is None and info.native_size != 32:
+        img_size = info.native_size
+        train, val, info = build_datasets(data, img_size, data_dir, download, augment=False)
+    return (*_as_tensors(train, info), *_as_tensors(val, info), info, img_size or 32)
+
+
+def _subset(x: Tensor, y: Tensor, size: Optional[int], seed: int) -> Tuple[Tensor, Tensor]:
+    if size is None:
+        return x, y
+    if not 0 < size <= len(x):
+        raise ValueError(f"--train-subset {size} must be between 1 and the {len(x)} training images")
+    idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:size]
+    return x[idx], y[idx]
+
+
+# ----------------------------------------------------------------------------------------------
+# model, samples, grids
+# ----------------------------------------------------------------------------------------------
+def build_generator(meta: dict) -> nn.Module:
+    """The diffusion backbone described by a checkpoint's (or a config's) metadata."""
+    return create_model(meta["model"], mixer=meta.get("mixer"), mixer_options=meta.get("mixer_options") or None,
+                        num_classes=meta["num_classes"], in_chans=meta["in_chans"], img_size=meta["img_size"],
+                        **(meta.get("model_options") or {}))
+
+
+def generate(model: nn.Module, diffusion: GaussianDiffusion, labels: Sequence[int], img_size: int, steps: int,
+             guidance: float, eta: float, seed: int, batch_size: int = 250, progress=None) -> Tensor:
+    """Samples in [−1, 1] for ``labels`` (a function of ``seed``), ``batch_size`` at a time."""
+    model.eval()
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.as_tensor(list(labels), dtype=torch.long)
+    shape = (model.in_chans, img_size, img_size)
+    return torch.cat([diffusion.sample(model, labels[i:i + batch_size], shape, steps, guidance, eta,
+                                       model.null_class, generator=gen, device=device, progress=progress).cpu()
+                      for i in range(0, len(labels), batch_size)])
+
+
+def save_grid(images: Tensor, path: Path, per_row: int) -> Path:
+    """Images in [−1, 1] as one PNG grid (``per_row`` images a row), written atomically; images smaller
+    than 32 px are enlarged (nearest neighbour) so that a grid of 8×8 digits stays readable."""
+    import torchvision
+    from PIL import Image
+
+    scale = max(1, 32 // images.shape[-1])
+    images = ((images.clamp(-1, 1) + 1) / 2).repeat_interleave(scale, -1).repeat_interleave(scale, -2)
+    grid = torchvision.utils.make_grid(images, nrow=per_row, padding=2, pad_value=1.0)  # grey → 3 channels
+    array = (grid * 255).round().byte().permute(1, 2, 0).numpy()
+    if images.shape[1] == 1:
+        array = array[..., 0]  # back to one grey channel
+    _atomic(Path(path), lambda tmp: Image.fromarray(array).save(tmp, format="PNG"))
+    return Path(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# run directory, checkpoints, resume
+# ----------------------------------------------------------------------------------------------
+def _run_dir(cfg: GenerateConfig) -> Path:
+    if cfg.out:
+        return Path(cfg.out)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-generate-{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}"
+
+
+def prepare_run_dir(cfg: GenerateConfig) -> Path:
+    """The run directory: a new run never lands on an existing one; ``--resume`` keeps its config."""
+    run_dir = _run_dir(cfg)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--out {run_dir} is a file; give a directory for the run")
+    saved = run_dir / "config.yaml"
+    if not cfg.resume:
+        if saved.exists():
+            raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        return run_dir
+    if not cfg.out:
+        raise ValueError("--resume needs --out RUN_DIR: the run directory to continue")
+    if not saved.is_file():
+        raise FileNotFoundError(f"--resume: {saved} does not exist, so {run_dir} holds no run to resume")
+    theirs = GenerateConfig.load(saved)
+    for name in GenerateConfig.field_names():
+        if name not in RESUME_MAY_CHANGE and getattr(cfg, name) != getattr(theirs, name):
+            raise ValueError(f"--resume: --{name.replace('_', '-')} {getattr(cfg, name)!r} differs from the run's "
+                             f"{getattr(theirs, name)!r}; a resumed run keeps its config (only "
+                             f"{', '.join(RESUME_MAY_CHANGE[2:])} may change)")
+    return run_dir
+
+
+def _meta(cfg: GenerateConfig, info, img_size: int, epoch: int) -> dict:
+    """What a checkpoint records to rebuild its model and sampler."""
+    return {"model": cfg.model, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
+            "model_options": cfg.model_options, "img_size": img_size, "in_chans": info.in_chans,
+            "num_classes": info.num_classes, "classes": list(info.classes), "data": cfg.data,
+            "task": GENERATION, "timesteps": cfg.timesteps, "schedule": cfg.schedule,
+            "prediction": cfg.prediction, "sample_steps": cfg.sample_steps, "guidance": cfg.guidance,
+            "eta": cfg.eta, "epoch": epoch}
+
+
+def _save_epoch(run_dir: Path, model, ema, optimizer, history: list, step: int, meta: dict) -> None:
+    """One checkpoint set; ``state.pt`` goes last and records the digests of the others."""
+    save_weights(model, run_dir / "last.safetensors", meta)
+    if ema is not None:
+        save_weights(ema.module, run_dir / "ema.safetensors", meta)
+    save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+    state = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             "optimizer": optimizer.state_dict(), "epoch": meta["epoch"], "step": step, "history": history,
+             "rng": torch.get_rng_state(),
+             "files": {n: file_digest(run_dir / n) for n in CHECKPOINT_FILES if (run_dir / n).is_file()}}
+    if ema is not None:
+        state["ema"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
+    save_state(run_dir / "state.pt", state)
+
+
+def _resume(run_dir: Path, model, ema, optimizer, log, meta_for) -> Tuple[int, int, list]:
+    """Load the last complete checkpoint set: ``(epoch, step, history)``; ``meta_for(epoch)`` is the
+    metadata to rewrite weights that a run killed while saving left newer than ``state.pt``."""
+    if remove_stray_temporaries(run_dir):
+        log(f"warning: removed temporary files an interrupted write left in {run_dir}")
+    if not (run_dir / "state.pt").is_file():
+        log(f"warning: {run_dir} has no complete checkpoint yet; starting the run from the beginning")
+        return 0, 0, []
+    state = load_state(run_dir / "state.pt")
+    load_into(model, state["model"], f"{run_dir}/state.pt")
+    optimizer.load_state_dict(state["optimizer"])
+    if ema is not None:
+        ema.module.load_state_dict(state["ema"])
+    torch.set_rng_state(state["rng"])
+    history = list(state["history"])
+    stale = [n for n, d in state["files"].items() if not (run_dir / n).is_file() or file_digest(run_dir / n) != d]
+    if stale:  # killed while writing the next epoch's set: rewrite it from the complete one
+        log(f"warning: ignoring the partial checkpoint of an interrupted epoch ({', '.join(stale)}); "
+            f"resuming from epoch {state['epoch']}")
+        save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+        save_weights(model, run_dir / "last.safetensors", meta_for(int(state["epoch"])))
+        if ema is not None:
+            save_weights(ema.module, run_dir / "ema.safetensors", meta_for(int(state["epoch"])))
+    return int(state["epoch"]), int(state["step"]), history
+
+
+# ----------------------------------------------------------------------------------------------
+# training
+# ----------------------------------------------------------------------------------------------
+def _train_epoch(model, ema, optimizer, diffusion, data: Tuple[Tensor, Tensor], cfg: GenerateConfig, epoch: int,
+                 step: int, device) -> Tuple[dict, int]:
+    """One pass over the training images in an order fixed by (seed, epoch); returns ``(metrics, step)``."""
+    x, y = data
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
+    bs = cfg.batch_size
+    starts = list(range(0, max(len(x) - bs, 0) + 1, bs))  # whole batches only (one short batch if bs > N)
+    total, seen, t0 = 0.0, 0, time.perf_counter()
+    model.train()
+    for start in _progress(desc=f"epoch {epoch + 1}/{cfg.epochs}")(starts):
+        if cfg.max_steps is not None and step >= cfg.max_steps:
+            break
+        idx = order[start:start + bs]
+        loss = diffusion.training_loss(model, x[idx].to(device), y[idx].to(device))
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"the loss became {loss.item()} at step {step + 1}; lower --lr or set --clip-grad")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_grad:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+        optimizer.step()
+        step += 1
+        if ema is not None:
+            ema.update(model, step=step)
+        total, seen = total + loss.item() * len(idx), seen + len(idx)
+    seconds = time.perf_counter() - t0
+    return {"epoch": epoch + 1, "step": step, "train_loss": total / max(seen, 1),
+            "images_per_s": seen / max(seconds, 1e-9), "epoch_seconds": seconds}, step
+
+
+def _epoch_grid(sampler, diffusion, cfg: GenerateConfig, img_size: int, path: Path) -> float:
+    """The epoch's PNG grid (``grid_per_class`` samples of every class, one row each, fixed noise);
+    returns the seconds it took."""
+    t0 = time.perf_counter()
+    labels = torch.arange(sampler.num_classes).repeat_interleave(cfg.grid_per_class)
+    images = generate(sampler, diffusion, labels.tolist(), img_size, cfg.sample_steps, cfg.guidance, cfg.eta,
+                      cfg.seed, progress=_progress(desc="samples"))
+    save_grid(images, path, cfg.grid_per_class)
+    return time.perf_counter() - t0
+
+
+def train_generator(cfg: GenerateConfig, log=print) -> dict:
+    """Train ``cfg.model`` as a class-conditional diffusion model on ``cfg.data``; returns the summary.
+
+    Bad input (model, numbers, data, run directory) fails before anything is written."""
+    check_config(cfg)
+    run_dir = prepare_run_dir(cfg)  # only checks: nothing is written before the model is built
+    torch.manual_seed(cfg.seed)
+    device = parse_device(cfg.device)
+    train_x, train_y, val_x, val_y, info, img_size = load_images(cfg.data, cfg.img_size, cfg.data_dir, cfg.download)
+    data = _subset(train_x, train_y, cfg.train_subset, cfg.seed)
+    model = build_generator(_meta(cfg, info, img_size, 0)).to(device)
+    diffusion = GaussianDiffusion(cfg.timesteps, cfg.schedule, cfg.prediction)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    ema = None
+    if cfg.ema_decay:
+        from timm.utils import ModelEmaV3
+
+        # warm-up as in diffusers' EMA: decay min(ema_decay, 1 - (1 + step)^(-2/3)), so that a short run's
+        # EMA is not still the zero-output initial model (0.999 alone needs thousands of steps)
+        ema = ModelEmaV3(model, decay=cfg.ema_decay, use_warmup=True)
+    start, step, history = 0, 0, []
+    if cfg.resume:
+        start, step, history = _resume(run_dir, model, ema, optimizer, log, lambda e: _meta(cfg, info, img_size, e))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_text(run_dir / "config.yaml", cfg.to_yaml() + f"# resolved: img_size={img_size}\n")
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"vitmix generate: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
+        f"({len(data[0])} images, {img_size}px) for {cfg.epochs} epochs, {cfg.schedule} {cfg.prediction}-DDPM "
+        f"T={cfg.timesteps}, device={device}; run dir {run_dir}")
+    sampler = ema.module if ema is not None else model
+    for epoch in range(start, cfg.epochs):
+        if cfg.max_steps is not None and step >= cfg.max_steps:
+            break
+        metrics, step = _train_epoch(model, ema, optimizer, diffusion, data, cfg, epoch, step, device)
+        metrics["grid_seconds"] = _epoch_grid(sampler, diffusion, cfg, img_size,
+                                              run_dir / "samples" / f"epoch-{epoch + 1:03d}.png")
+        history.append(metrics)
+        _save_epoch(run_dir, model, ema, optimizer, history, step, _meta(cfg, info, img_size, epoch + 1))
+        log(f"epoch {epoch + 1:>3}/{cfg.epochs}: loss {metrics['train_loss']:.4f}, "
+            f"{metrics['images_per_s']:.0f} img/s, samples/epoch-{epoch + 1:03d}.png")
+    summary = {"run_dir": str(run_dir), "model": cfg.model, "mixer": cfg.mixer, "data": cfg.data, "params": n_params,
+               "img_size": img_size, "epochs_run": len(history), "steps": step,
+               "final_train_loss": history[-1]["train_loss"] if history else None,
+               "train_seconds": sum(h["epoch_seconds"] for h in history)}
+    if cfg.fd_samples and history:
+        net, acc = fd_classifier(run_dir / FD_CLASSIFIER, (train_x, train_y), (val_x, val_y), cfg.data, img_size, log)
+        summary.update(measure_fd(net, sampler, diffusion, (train_x, val_x), cfg.fd_samples, cfg.sample_steps,
+                                  cfg.guidance, cfg.eta, cfg.seed), fd_classifier_val_acc=acc)
+        save_text(run_dir / "fd.json", json.dumps({k: v for k, v in summary.items() if k.startswith("fd")}, indent=2))
+        log(f"{FD_LABEL}: {summary['fd']:.3f} over {summary['fd_samples']} samples (real-vs-real floor "
+            f"{summary['fd_real_floor']:.3f}); class agreement {summary['class_agreement']:.1f}%; "
+            f"classifier val acc {acc:.2f}%")
+    save_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------
+# FD (classifier features)
+# ----------------------------------------------------------------------------------------------
+def fd_classifier(path: Path, train: Tuple[Tensor, Tensor], val: Tuple[Tensor, Tensor], data: str, img_size: int,
+                  log=print) -> Tuple[FeatureNet, float]:
+    """The FD feature network for (``data``, ``img_size``): loaded from ``path``, else trained (seeded) on
+    the full training images and saved there."""
+    num_classes, in_chans = int(train[1].max()) + 1, train[0].shape[1]
+    net = FeatureNet(in_chans, num_classes)
+    if Path(path).is_file():
+        state, meta = load_weights(path)
+        if (meta.get("data"), meta.get("img_size")) != (data, img_size):
+            raise ValueError(f"{path} is the FD classifier of {meta.get('data')} at {meta.get('img_size')}px, "
+                             f"not of {data} at {img_size}px; remove it or pass another")
+        load_into(net, state, str(path))
+        return net.eval(), float(meta["val_acc"])
+    log(f"training the FD feature classifier on {len(train[0])} {data} images (cached in {path})")
+    net, acc = train_feature_net(*train, num_classes, val=val, progress=_progress(desc="FD classifier"))
+    save_weights(net, path, {"task": "fd-classifier", "data": data, "img_size": img_size, "in_chans": in_chans,
+                             "num_classes": num_classes, "val_acc": acc})
+    return net, acc
+
+
+def measure_fd(net: FeatureNet, model, diffusion, real: Tuple[Tensor, Tensor], samples: int, steps: int,
+               guidance: float, eta: float, seed: int) -> dict:
+    """FD between ``samples`` generated images (classes balanced) and as many validation images, the
+    same distance between those validation images and training images (the real-vs-real floor), and
+    ``class_agreement``: the % of samples the classifier assigns to the class they were generated for.
+
+    ``real`` is ``(train_x, val_x)``; ``samples`` is capped at the validation set's size."""
+    train_x, val_x = real
+    n = min(samples, len(val_x), len(train_x))
+    gen = torch.Generator().manual_seed(seed)
+    val_pick = val_x[torch.randperm(len(val_x), generator=gen)[:n]]
+    train_pick = train_x[torch.randperm(len(train_x), generator=gen)[:n]]
+    labels = [i % model.num_classes for i in range(n)]
+    fake = features(net, generate(model, diffusion, labels, val_x.shape[-1], steps, guidance, eta, seed + 1,
+                                  progress=_progress(desc="FD samples")))
+    real = gaussian_stats(features(net, val_pick))
+    with torch.no_grad():  # how often the classifier sees the class a sample was generated for
+        agreement = (net.head(fake).argmax(1) == torch.tensor(labels)).double().mean().item() * 100
+    return {"fd": frechet_distance(*real, *gaussian_stats(fake)),
+            "fd_real_floor": frechet_distance(*real, *gaussian_stats(features(net, train_pick))),
+            "fd_samples": n, "fd_sample_steps": steps, "fd_guidance": guidance, "class_agreement": agreement}
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoints: sample, FD
+# ----------------------------------------------------------------------------------------------
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint file, or a run directory (its ``ema.safetensors``, else ``last.safetensors``)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("ema.safetensors", "last.safetensors"):
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"{path} holds no ema.safetensors or last.safetensors (no epoch finished yet?)")
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return path
+
+
+def load_generator(checkpoint, device: Optional[str] = None):
+    """``(model, meta, diffusion)`` of a ``vitmix generate`` checkpoint file or run directory."""
+    path = resolve_checkpoint(checkpoint)
+    state, meta = load_weights(path)
+    if meta.get("task") != GENERATION:
+        raise ValueError(f"{path} is not a `vitmix generate train` checkpoint (no generation metadata)")
+    model = build_generator(meta)
+    load_into(model, state, str(path))
+    diffusion = GaussianDiffusion(meta["timesteps"], meta["schedule"], meta["prediction"])
+    return model.to(parse_device(device)).eval(), meta, diffusion
+
+
+def sample_grid(checkpoint, out, classes: Optional[str] = None, n: int = 8, steps: Optional[int] = None,
+                guidance: Optional[float] = None, eta: Optional[float] = None, seed: int = 0,
+                device: Optional[str] = None) -> Path:
+    """A PNG grid of ``n`` samples of each class in ``classes`` (one row each); sampler settings default
+    to the run's."""
+    if n <= 0:
+        raise ValueError(f"--n {n} must be a positive integer")
+    if Path(out).is_dir():
+        raise ValueError(f"--out {out} is a directory; give a .png file name")
+    model, meta, diffusion = load_generator(checkpoint, device)
+    picked = parse_classes(classes, meta["num_classes"])
+    labels = [c for c in picked for _ in range(n)]
+    images = generate(model, diffusion, labels, meta["img_size"], steps or meta["sample_steps"],
+                      meta["guidance"] if guidance is None else guidance, meta["eta"] if eta is None else eta,
+                      seed, progress=_progress(desc="sampling"))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    return save_grid(images, Path(out), n)
+
+
+def measure_checkpoint_fd(checkpoint, samples: int = 1000, steps: Optional[int] = None,
+                          guidance: Optional[float] = None, classifier: Optional[str] = None,
+                          data_dir: Optional[str] = None, seed: int = 0, device: Optional[str] = None,
+                          log=print) -> dict:
+    """FD (classifier features) of a checkpoint against its dataset's validation images; the classifier
+    is ``classifier`` or the run directory's cached one (trained there when missing)."""
+    if samples < 2:
+        raise ValueError(f"--samples {samples} must be at least 2")
+    model, meta, diffusion = load_generator(checkpoint, device)
+    train_x, train_y, val_x, val_y, _, _ = load_images(meta["data"], meta["img_size"], data_dir)
+    path = Path(classifier) if classifier else resolve_checkpoint(checkpoint).parent / FD_CLASSIFIER
+    net, acc = fd_classifier(path, (train_x, train_y), (val_x, val_y), meta["data"], meta["img_size"], log)
+    steps, guidance = steps or meta["sample_steps"], meta["guidance"] if guidance is None else guidance
+    result = measure_fd(net, model, diffusion, (train_x, val_x), samples, steps, guidance, meta["eta"], seed)
+    return dict(result, fd_classifier_val_acc=acc, checkpoint=str(resolve_checkpoint(checkpoint)))
