@@ -17,6 +17,7 @@ _SUBCOMMAND_MODULES = (
     "vitmix.bench.cli",
     "vitmix.analysis.cli",
     "vitmix.generate.cli",
+    "vitmix.export",
     "vitmix.listing",
 )
 

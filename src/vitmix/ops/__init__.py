@@ -6,6 +6,7 @@ from .dynamic import (
     dynamic_linear,
     dynamic_linear_reference,
 )
+from .decompositions import export_decompositions
 from .fibonacci import fibonacci_mask, fibonacci_offsets, offsets_mask
 from .newton import newton_schulz_inverse, newton_schulz_reference
 from .nystrom import avg_pool_landmarks, kernel_attention_reference, nystrom_attention, nystrom_attention_reference
@@ -17,6 +18,7 @@ __all__ = [
     "dynamic_depthwise_conv2d_reference",
     "dynamic_linear",
     "dynamic_linear_reference",
+    "export_decompositions",
     "fibonacci_mask",
     "fibonacci_offsets",
     "masked_diagonal_attention",

@@ -51,11 +51,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._common import no_autocast, traced
+
 __all__ = [
     "DYNAMIC_LINEAR_PATHS",
     "choose_dynamic_linear_path",
     "dynamic_depthwise_conv2d",
     "dynamic_depthwise_conv2d_reference",
+    "dynamic_depthwise_conv2d_taps",
     "dynamic_linear",
     "dynamic_linear_costs",
     "dynamic_linear_delta",
@@ -72,7 +75,8 @@ DYNAMIC_LINEAR_PATHS = ("auto", "dense", "core", "lowrank")
 # helpers
 # ----------------------------------------------------------------------------------------------
 def _no_autocast(t: Tensor):
-    return torch.autocast(device_type=t.device.type, enabled=False)
+    """Autocast off for ``t``'s device (entered only when it is on: traced graphs stay free of autocast regions)."""
+    return no_autocast(t.device.type)
 
 
 def _wide(t: Tensor) -> Tensor:
@@ -304,17 +308,111 @@ def dynamic_depthwise_conv2d(x: Tensor, kernels: Tensor, bias: Optional[Tensor] 
         (``H, W, B, C`` in memory), which PyTorch's CPU depthwise kernels process several times
         faster than NCHW. The result is returned as a channels-last ``(B, C, H, W)`` view (call
         ``.flatten(2).transpose(1, 2)`` for ``(B, H·W, C)`` tokens).
+
+    Under ``torch.compile`` / ``torch.export`` this runs as the custom op
+    ``vitmix::dynamic_depthwise_conv2d`` (the same grouped convolution and its gradients); the
+    export decomposition is a sum of ``k²`` shifted products, since ONNX's ``Conv`` needs a
+    ``group`` count that does not depend on the (dynamic) batch size.
     """
-    B, C, k = _check_dw_args(x, kernels, bias)
-    H, W = x.shape[2:]
-    folded = x.permute(2, 3, 0, 1).reshape(1, H, W, B * C).permute(0, 3, 1, 2)  # (1, BC, H, W), NHWC memory
+    _check_dw_args(x, kernels, bias)
+    return _dw_op(x, kernels, bias) if traced() else _dw_forward(x, kernels, bias)
+
+
+def _fold(t: Tensor) -> Tensor:
+    """``(B, C, H, W)`` → ``(1, B·C, H, W)`` with ``(H, W, B, C)`` memory (one copy at most)."""
+    B, C, H, W = t.shape
+    return t.permute(2, 3, 0, 1).reshape(1, H, W, B * C).permute(0, 3, 1, 2)
+
+
+def _unfold(t: Tensor, B: int, C: int) -> Tensor:
+    """Inverse of :func:`_fold`, as a channels-last ``(B, C, H, W)`` tensor."""
+    H, W = t.shape[2:]
+    y = t.permute(0, 2, 3, 1).reshape(H, W, B, C).permute(2, 3, 0, 1)
+    return y.contiguous(memory_format=torch.channels_last)
+
+
+def _dw_forward(x: Tensor, kernels: Tensor, bias: Optional[Tensor]) -> Tensor:
+    B, C, _, _ = x.shape
+    k = kernels.shape[2]
     if bias is not None:
         bias = bias.expand(B, C).reshape(B * C) if bias.dim() == 1 else bias.reshape(B * C)
-    w = kernels.reshape(B * C, 1, k, k)
-    y = F.conv2d(folded, w, bias, padding=k // 2, groups=B * C)  # (1, BC, H, W)
-    # back to (B, C, H, W) with (B, H, W, C) memory: one copy.
-    y = y.permute(0, 2, 3, 1).reshape(H, W, B, C).permute(2, 3, 0, 1)
-    return y.contiguous(memory_format=torch.channels_last)
+    y = F.conv2d(_fold(x), kernels.reshape(B * C, 1, k, k), bias, padding=k // 2, groups=B * C)  # (1, BC, H, W)
+    return _unfold(y, B, C)  # back to (B, C, H, W) with (B, H, W, C) memory: one copy
+
+
+def _dw_grads(g: Tensor, x: Tensor, kernels: Tensor, bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(dx, dkernels, dbias)`` of :func:`_dw_forward`: the grouped convolution's own backward on the
+    folded tensors, so the gradients are those eager autograd computes (``dbias`` empty without bias)."""
+    B, C, _, _ = x.shape
+    k = kernels.shape[2]
+    need_bias = bias is not None
+    gx, gk, gb = torch.ops.aten.convolution_backward(
+        _fold(g), _fold(x), kernels.reshape(B * C, 1, k, k), [B * C] if need_bias else None, [1, 1],
+        [k // 2, k // 2], [1, 1], False, [0, 0], B * C, [True, True, need_bias])
+    if not need_bias:
+        gb = x.new_empty(0)
+    elif bias.dim() == 1:
+        gb = gb.view(B, C).sum(0)
+    return _unfold(gx, B, C), gk.reshape(B, C, k, k).contiguous(), gb.reshape(bias.shape if need_bias else (0,))
+
+
+@torch.library.custom_op("vitmix::dynamic_depthwise_conv2d", mutates_args=())
+def _dw_op(x: Tensor, kernels: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """:func:`dynamic_depthwise_conv2d` on checked arguments (a channels-last result)."""
+    return _dw_forward(x, kernels, bias)
+
+
+@torch.library.custom_op("vitmix::dynamic_depthwise_conv2d_backward", mutates_args=())
+def _dw_backward_op(g: Tensor, x: Tensor, kernels: Tensor, bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`_dw_op` w.r.t. ``x`` (channels-last), ``kernels`` and ``bias`` (empty if ``None``)."""
+    return _dw_grads(g, x, kernels, bias)
+
+
+def _channels_last_like(x: Tensor) -> Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+
+
+@_dw_op.register_fake
+def _(x, kernels, bias):
+    return _channels_last_like(x)
+
+
+@_dw_backward_op.register_fake
+def _(g, x, kernels, bias):
+    gb = x.new_empty(bias.shape if bias is not None else (0,))
+    return _channels_last_like(x), kernels.new_empty(kernels.shape), gb
+
+
+def _dw_setup(ctx, inputs, output):
+    x, kernels, bias = inputs
+    ctx.save_for_backward(x, kernels, bias)
+
+
+def _dw_op_grad(ctx, g):
+    x, kernels, bias = ctx.saved_tensors
+    gx, gk, gb = _dw_backward_op(g, x, kernels, bias)
+    return gx, gk, (gb if bias is not None else None)
+
+
+_dw_op.register_autograd(_dw_op_grad, setup_context=_dw_setup)
+
+
+def dynamic_depthwise_conv2d_taps(x: Tensor, kernels: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """:func:`dynamic_depthwise_conv2d` as ``k²`` shifted products of the zero-padded input (no grouped
+    convolution: every op is elementwise or a slice, whatever the batch size). The export
+    decomposition of the custom op; equal to the grouped convolution up to float rounding."""
+    B, C, k = _check_dw_args(x, kernels, bias)
+    H, W = x.shape[2:]
+    r = k // 2
+    xp = F.pad(x, (r, r, r, r))
+    out = None
+    for u in range(k):
+        for v in range(k):
+            term = kernels[:, :, u, v, None, None] * xp[:, :, u:u + H, v:v + W]
+            out = term if out is None else out + term
+    if bias is not None:
+        out = out + (bias[None, :, None, None] if bias.dim() == 1 else bias[:, :, None, None])
+    return out
 
 
 def dynamic_depthwise_conv2d_reference(x: Tensor, kernels: Tensor, bias: Optional[Tensor] = None) -> Tensor:

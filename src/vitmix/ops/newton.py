@@ -44,6 +44,11 @@ is a spectrally filtered one, and this backward is what the official code uses).
 float32 (float64 stays float64) with autocast disabled; half inputs give a float32 result.
 ``mode="exact"`` replaces the iteration with an LU inverse of ``P`` (pseudo-inverse if singular; same
 backward), for analysis.
+
+Eager calls run the ``autograd.Function`` ``_NewtonInverse``; under ``torch.compile`` / ``torch.export``
+the same forward and backward run as the custom ops ``vitmix::newton_schulz_inverse`` and
+``vitmix::newton_schulz_inverse_backward`` (one graph node each; the C loop runs when the compiled code
+does).
 """
 from __future__ import annotations
 
@@ -55,7 +60,9 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ._cbuild import CKernel
-from ._common import check_finite_float, compute_dtype, cpu_single_thread, no_autocast, single_thread_if_small
+from ._common import (
+    check_finite_float, compute_dtype, cpu_single_thread, no_autocast, single_thread_if_small, traced,
+)
 
 __all__ = ["newton_schulz_inverse", "newton_schulz_reference"]
 
@@ -193,11 +200,11 @@ def _c_iterate(P3: torch.Tensor, V3: torch.Tensor, iters: int):
     return V3
 
 
-def _iterate(P: torch.Tensor, V: torch.Tensor, iters: int) -> torch.Tensor:
+def _iterate(P: torch.Tensor, V: torch.Tensor, iters: int, allow_c: bool = True) -> torch.Tensor:
     shape = P.shape
     P3 = P.reshape(-1, shape[-2], shape[-1])
     V3 = V.reshape(-1, shape[-2], shape[-1]).contiguous()
-    out = _c_iterate(P3, V3, iters)
+    out = _c_iterate(P3, V3, iters) if allow_c else None
     if out is not None:
         return out.reshape(shape)
     for _ in range(iters):
@@ -231,30 +238,104 @@ def _residual(P: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(eye - P @ V)
 
 
+def _newton_forward(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
+                    mode: str) -> torch.Tensor:
+    """``V ≈ (A + eps·I)^{-1}`` without autograd (the start, the iteration and its checked fallback)."""
+    m = A.shape[-1]
+    with torch.no_grad(), single_thread_if_small(A, A.numel() * m):
+        P = _perturb(A, eps)
+        if mode == "exact":
+            return _exact_inverse(P)
+        V0, identity = _start(A, P, symmetric, alpha)
+        V = _iterate(P, V0, iters)
+        need = _needs_fallback(P, V, identity)
+        if bool(need.any()):        # never traced: compilers see the custom op (or the decomposition below)
+            V = _pick(P, V, _iterate(P, _transposed_start(P), iters), need)
+        return V
+
+
+def _newton_decomposition(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
+                          mode: str) -> torch.Tensor:
+    """:func:`_newton_forward` as a fixed sequence of tensor ops (no Python branch on tensor values): the
+    export decomposition of ``vitmix::newton_schulz_inverse``, ``iters`` unrolled ``V <- 2V - V P V``
+    steps of batched matmuls. Same start, iteration and residual rule as the eager path (the
+    ``"safe"`` start of untied landmarks keeps its Cholesky test and runs both starts, picking one
+    per matrix); ``mode="exact"`` has no such form and raises ``ValueError``."""
+    if mode == "exact":
+        raise ValueError("newton_schulz_inverse(mode='exact') (an LU solve with a pseudo-inverse fallback for "
+                         "singular batches) has no fixed export form; export the model with inverse='newton'")
+    P = _perturb(A, eps)
+    if alpha == "official":
+        V0 = (1.8 / A.sum(-1).amax(-1).square())[..., None, None] * P
+        return _iterate(P, V0, iters, allow_c=False)
+    row, _ = _norms(P)
+    sym = _symmetric_mask(A, symmetric)
+    V0 = torch.where(sym[..., None, None], (1.8 / row.square())[..., None, None] * P, _transposed_start(P))
+    if alpha != "safe" or symmetric is True:
+        return _iterate(P, V0, iters, allow_c=False)
+    identity = ~sym & _identity_ok(P)
+    eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+    V0 = torch.where(identity[..., None, None], (1.0 / row)[..., None, None] * eye, V0)
+    V = _iterate(P, V0, iters, allow_c=False)
+    res = _residual(P, V)
+    need = identity & (~torch.isfinite(res) | (res >= _FALLBACK_RESIDUAL))
+    return _pick(P, V, _iterate(P, _transposed_start(P), iters, allow_c=False), need)
+
+
+def _newton_grad(V: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``dL/dA = -Vᵀ (dL/dV) Vᵀ``: the derivative of an inverse, evaluated once at the result."""
+    with no_autocast(g.device.type), single_thread_if_small(V, V.numel() * V.shape[-1]):
+        Vt = V.mT
+        return -(Vt @ g @ Vt)
+
+
 class _NewtonInverse(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, iters, eps, symmetric, alpha, mode):
-        m = A.shape[-1]
-        with torch.no_grad(), single_thread_if_small(A, A.numel() * m):
-            P = _perturb(A, eps)
-            if mode == "exact":
-                V = _exact_inverse(P)
-            else:
-                V0, identity = _start(A, P, symmetric, alpha)
-                V = _iterate(P, V0, iters)
-                need = _needs_fallback(P, V, identity)
-                if torch.compiler.is_compiling() or bool(need.any()):
-                    V = _pick(P, V, _iterate(P, _transposed_start(P), iters), need)
+        V = _newton_forward(A, iters, eps, symmetric, alpha, mode)
         ctx.save_for_backward(V)
         return V
 
     @staticmethod
     def backward(ctx, g):
         (V,) = ctx.saved_tensors
-        with no_autocast(g.device.type), single_thread_if_small(V, V.numel() * V.shape[-1]):
-            Vt = V.mT
-            gA = -(Vt @ g @ Vt)
-        return gA, None, None, None, None, None
+        return _newton_grad(V, g), None, None, None, None, None
+
+
+@torch.library.custom_op("vitmix::newton_schulz_inverse", mutates_args=())
+def _newton_op(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
+               mode: str) -> torch.Tensor:
+    """:func:`newton_schulz_inverse` of a float32/float64 batch ``A (..., m, m)`` (validated arguments)."""
+    return _newton_forward(A, iters, eps, symmetric, alpha, mode).contiguous()
+
+
+@torch.library.custom_op("vitmix::newton_schulz_inverse_backward", mutates_args=())
+def _newton_backward_op(V: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Gradient of :func:`_newton_op` w.r.t. ``A`` from its result ``V`` and ``g = dL/dV``."""
+    with torch.no_grad():
+        return _newton_grad(V, g).contiguous()
+
+
+@_newton_op.register_fake
+def _(A, iters, eps, symmetric, alpha, mode):
+    return A.new_empty(A.shape)
+
+
+@_newton_backward_op.register_fake
+def _(V, g):
+    return V.new_empty(V.shape)
+
+
+def _save_result(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _newton_op_grad(ctx, g):
+    (V,) = ctx.saved_tensors
+    return _newton_backward_op(V, g), None, None, None, None, None
+
+
+_newton_op.register_autograd(_newton_op_grad, setup_context=_save_result)
 
 
 def newton_schulz_inverse(
@@ -288,7 +369,7 @@ def newton_schulz_inverse(
     iters, eps_f = _validate("newton_schulz_inverse", A, iters, eps, symmetric, alpha, mode)
     with no_autocast(A.device.type):
         Af = A.to(compute_dtype(A))
-        V = _NewtonInverse.apply(Af, iters, eps_f, symmetric, alpha, mode)
+        V = (_newton_op if traced() else _NewtonInverse.apply)(Af, iters, eps_f, symmetric, alpha, mode)
         if return_residual:
             with torch.no_grad():
                 return V, _residual(_perturb(Af.detach(), eps_f), V.detach())

@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._common import check_finite_float, compute_dtype, no_autocast, single_thread_if_small
+from ._common import check_finite_float, compute_dtype, no_autocast, real_tensors, single_thread_if_small
 from .kernels import (
     gaussian_kernel,
     gaussian_kernel_reference,
@@ -113,6 +113,11 @@ def _validate(q, k, v, lq, lk, kernel, iters, eps, inverse, normalization, norm_
 @functools.lru_cache(maxsize=64)
 def _pool_matrix(h: int, w: int, oh: int, ow: int) -> torch.Tensor:
     """(oh·ow, h·w) float64 matrix of adaptive average pooling (the windows of F.adaptive_avg_pool2d)."""
+    with real_tensors():
+        return _pool_matrix_real(h, w, oh, ow)
+
+
+def _pool_matrix_real(h: int, w: int, oh: int, ow: int) -> torch.Tensor:
     def axis(n: int, o: int) -> torch.Tensor:
         mat = torch.zeros(o, n, dtype=torch.float64)
         for i in range(o):
@@ -124,7 +129,8 @@ def _pool_matrix(h: int, w: int, oh: int, ow: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _pool_matrix_as(h: int, w: int, oh: int, ow: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return _pool_matrix(h, w, oh, ow).to(device=device, dtype=dtype)
+    with real_tensors():        # cached: never a fake tensor, not even while exporting
+        return _pool_matrix(h, w, oh, ow).to(device=device, dtype=dtype)
 
 
 def avg_pool_landmarks(x: torch.Tensor, hw, out_hw) -> torch.Tensor:

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from math import inf
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ._cbuild import CKernel
+from ._common import real_tensors, traced
 from .fibonacci import check_offsets, offsets_mask
 
 __all__ = [
@@ -79,18 +81,28 @@ class DiagonalPlan:
                             self.has_empty_rows)
 
 
-@functools.lru_cache(maxsize=256)
-def _plan_cached(offsets: Tuple[Tuple[int, ...], ...], num_tokens: int, device: str) -> DiagonalPlan:
-    signed = [sorted({s for d in offs for s in ((0,) if d == 0 else (-d, d))}) for offs in offsets]
+def _signed_shifts(offsets: Sequence[Sequence[int]]) -> List[List[int]]:
+    """Per head, the sorted signed key shifts of sorted unique offsets: ``-d`` and ``+d`` for ``d > 0``,
+    ``0`` once for ``d = 0`` (plain Python, so tracing code can compute it too)."""
+    return [[-d for d in reversed(offs) if d > 0] + [0] * (0 in offs) + [d for d in offs if d > 0]
+            for offs in offsets]
+
+
+def _build_plan(offsets: Tuple[Tuple[int, ...], ...], num_tokens: int, device) -> DiagonalPlan:
+    signed = _signed_shifts(offsets)
     m = max(len(s) for s in signed)
-    shifts = torch.zeros(len(signed), m, dtype=torch.int64)
-    for h, s in enumerate(signed):
-        shifts[h, : len(s)] = torch.tensor(s, dtype=torch.int64)
-    counts = torch.tensor([len(s) for s in signed], dtype=torch.int64)
+    with real_tensors():        # cached by _plan_cached: never fake, not even while exporting
+        shifts = torch.tensor([s + [0] * (m - len(s)) for s in signed], dtype=torch.int64, device=device)
+        counts = torch.tensor([len(s) for s in signed], dtype=torch.int64, device=device)
     # query j has no key iff every offset d has j - d < 0 and j + d >= N (and d != 0): the smallest
     # offset decides, rows j in [N - d_min, d_min) are empty when 2 * d_min > N.
     empty = any(min(offs) > 0 and 2 * min(offs) > num_tokens for offs in offsets)
-    return DiagonalPlan(offsets, num_tokens, shifts.to(device), counts.to(device), empty)
+    return DiagonalPlan(offsets, num_tokens, shifts, counts, empty)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_cached(offsets: Tuple[Tuple[int, ...], ...], num_tokens: int, device: str) -> DiagonalPlan:
+    return _build_plan(offsets, num_tokens, device)
 
 
 def diagonal_plan(offsets: Union[Sequence[Sequence[int]], DiagonalPlan], num_tokens: int,
@@ -215,13 +227,14 @@ def _c_forward(lib, q, k, v, plan, p, scale):
     return out, lse, lse_pre
 
 
-def _c_backward(lib, q, k, v, out, lse, lse_pre, dout, plan, p, scale):
-    """``dq, dk, dv`` as token-major views, all computed by the kernel."""
+def _c_backward(lib, q, k, v, out, lse, lse_pre, dout, plan, p, scale, like_inputs=True):
+    """``dq, dk, dv``, all computed by the kernel. ``like_inputs``: each gradient in the layout of its
+    input when that is contiguous (cheap accumulation into ``.grad``), else token-major (inputs that
+    are views of a qkv projection); ``False``: all token-major (the custom op's fixed layout)."""
     b, h, t, d = q.shape
     n = t - p
-    # gradients in the layout of their input when it is contiguous (cheap accumulation into .grad),
-    # token-major otherwise (inputs that are views of a qkv projection)
-    dq, dk, dv = (torch.empty_like(x) if x.is_contiguous() else _token_major(b, h, t, d, q) for x in (q, k, v))
+    dq, dk, dv = (torch.empty_like(x) if like_inputs and x.is_contiguous() else _token_major(b, h, t, d, q)
+                  for x in (q, k, v))
     a_buf = q.new_empty(b, h, n, p + plan.max_slots)
     ds_buf = q.new_empty(b, h, n, p + plan.max_slots)
     wpre = q.new_empty(b, h, p, t)
@@ -263,7 +276,7 @@ def _slot_rows(plan: DiagonalPlan, m: int, n: int, pad: int):
 
 
 def _torch_prepare(plan, n):
-    pad = int(plan.shifts.abs().max()) if plan.shifts.numel() else 0
+    pad = max(max(offs) for offs in plan.offsets)      # the largest |shift| (from Python ints: no sync)
     return pad, [_slot_rows(plan, m, n, pad) for m in range(plan.max_slots)]
 
 
@@ -326,23 +339,42 @@ def _torch_backward(qp, k, v, out, lse, dout, plan, p, scale):
     return dq, dk_patch.contiguous(), dv_patch.contiguous()
 
 
+def _diagonal_forward(q, k, v, plan, p, scale, lib):
+    """``(out, lse, lse_pre)`` of the C kernel (``lib``) or the PyTorch path (``lse_pre`` ``None`` when
+    ``p = 0``); the C kernel reads strided q/k/v in place and returns a token-major output."""
+    if lib is not None:
+        return _c_forward(lib, _unit_last(q), _unit_last(k), _unit_last(v), plan, p, scale)
+    out, lse = _torch_forward(q[:, :, p:], k, v, plan, p, scale)
+    lse_pre = None
+    if p:
+        out_pre, lse_pre = _prefix_forward(q, k, v, p, scale)
+        out = torch.cat([out_pre, out], dim=2)
+    return out, lse, lse_pre
+
+
+def _diagonal_backward(dout, q, k, v, out, lse, lse_pre, plan, p, scale, lib, like_inputs=True):
+    if lib is not None:
+        return _c_backward(lib, q, k, v, out, lse, lse_pre, _unit_last(dout), plan, p, scale, like_inputs)
+    dq, dk, dv = _torch_backward(q[:, :, p:], k, v, out[:, :, p:], lse, dout[:, :, p:], plan, p, scale)
+    if p:
+        wpre, dspre = _prefix_backward(q, k, v, out, dout, lse_pre, p, scale)
+        dq = torch.cat([(dspre @ k) * scale, dq], dim=2)
+        dk = dk + (dspre.transpose(-1, -2) @ q[:, :, :p]) * scale
+        dv = dv + wpre.transpose(-1, -2) @ dout[:, :, :p]
+    return dq, dk, dv
+
+
 class _DiagonalAttention(torch.autograd.Function):
-    """Multi-diagonal attention over the full sequence. Saves q, k, v, out and one log-sum-exp per
-    row (all O(T·d)); backward recomputes the scores. The C backend reads strided q/k/v in place and
-    returns token-major outputs, so the mixer's head merge is free."""
+    """Multi-diagonal attention over the full sequence (eager calls). Saves q, k, v, out and one
+    log-sum-exp per row (all O(T·d)); backward recomputes the scores. The C backend reads strided
+    q/k/v in place and returns token-major outputs, so the mixer's head merge is free."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan, p, scale, use_c):
         lib = _load_kernel() if use_c else None
         if lib is not None:
             q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-            out, lse, lse_pre = _c_forward(lib, q, k, v, plan, p, scale)
-        else:
-            out, lse = _torch_forward(q[:, :, p:], k, v, plan, p, scale)
-            lse_pre = None
-            if p:
-                out_pre, lse_pre = _prefix_forward(q, k, v, p, scale)
-                out = torch.cat([out_pre, out], dim=2)
+        out, lse, lse_pre = _diagonal_forward(q, k, v, plan, p, scale, lib)
         ctx.save_for_backward(q, k, v, out, lse, lse_pre)
         ctx.plan, ctx.p, ctx.scale, ctx.lib = plan, p, scale, lib
         return out
@@ -350,17 +382,116 @@ class _DiagonalAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, lse_pre = ctx.saved_tensors
-        p, scale = ctx.p, ctx.scale
-        if ctx.lib is not None:
-            dq, dk, dv = _c_backward(ctx.lib, q, k, v, out, lse, lse_pre, _unit_last(dout), ctx.plan, p, scale)
-        else:
-            dq, dk, dv = _torch_backward(q[:, :, p:], k, v, out[:, :, p:], lse, dout[:, :, p:], ctx.plan, p, scale)
-            if p:
-                wpre, dspre = _prefix_backward(q, k, v, out, dout, lse_pre, p, scale)
-                dq = torch.cat([(dspre @ k) * scale, dq], dim=2)
-                dk = dk + (dspre.transpose(-1, -2) @ q[:, :, :p]) * scale
-                dv = dv + wpre.transpose(-1, -2) @ dout[:, :, :p]
+        dq, dk, dv = _diagonal_backward(dout, q, k, v, out, lse, lse_pre, ctx.plan, ctx.p, ctx.scale, ctx.lib)
         return dq, dk, dv, None, None, None, None
+
+
+# ------------------------------------------------------------------------------------ custom op
+# Under torch.compile / torch.export the same forward and backward run as custom ops. The per-head
+# offsets travel as Python ints (``offsets`` flattened, ``offset_counts`` per head), so the graph
+# holds no index tensors and export decompositions can rebuild the pattern; the backend is chosen
+# when the op runs. Outputs have one layout whatever the backend: token-major ``out``/``dq``/``dk``/
+# ``dv`` (a free head merge, and the layout of a qkv projection's gradient), contiguous log-sum-exps.
+def _flatten_offsets(offsets: Sequence[Sequence[int]]) -> Tuple[List[int], List[int]]:
+    return [d for offs in offsets for d in offs], [len(offs) for offs in offsets]
+
+
+def _unflatten_offsets(flat: Sequence[int], counts: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
+    starts = [sum(counts[:h]) for h in range(len(counts))]
+    return tuple(tuple(int(d) for d in flat[s:s + c]) for s, c in zip(starts, counts))
+
+
+def _op_setup(q, offsets, offset_counts, p, backend):
+    """The kernel library (or ``None`` for the PyTorch path) and the cached plan of one op call."""
+    lib = _load_kernel() if _backend_uses_c(q.device, backend) else None
+    plan = _plan_cached(_unflatten_offsets(offsets, offset_counts), q.shape[2] - p,
+                        "cpu" if lib is not None else str(q.device))
+    return lib, plan
+
+
+def _as_token_major(t: torch.Tensor) -> torch.Tensor:
+    b, h, n, d = t.shape
+    return t if t.transpose(1, 2).is_contiguous() else _token_major(b, h, n, d, t).copy_(t)
+
+
+@torch.library.custom_op("vitmix::sparse_diagonal_attention", mutates_args=())
+def _diagonal_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: List[int], offset_counts: List[int],
+                 num_prefix_tokens: int, scale: float, backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, lse, lse_pre)`` of :func:`sparse_diagonal_attention` for float32/float64 ``q, k, v``."""
+    p = num_prefix_tokens
+    lib, plan = _op_setup(q, offsets, offset_counts, p, backend)
+    out, lse, lse_pre = _diagonal_forward(q, k, v, plan, p, scale, lib)
+    if lse_pre is None:
+        lse_pre = q.new_empty(q.shape[0], q.shape[1], 0)
+    return _as_token_major(out), lse.contiguous(), lse_pre.contiguous()
+
+
+@torch.library.custom_op("vitmix::sparse_diagonal_attention_backward", mutates_args=())
+def _diagonal_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                          lse: torch.Tensor, lse_pre: torch.Tensor, offsets: List[int], offset_counts: List[int],
+                          num_prefix_tokens: int, scale: float,
+                          backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` of :func:`_diagonal_op` from ``dout`` and its saved inputs and outputs."""
+    p = num_prefix_tokens
+    lib, plan = _op_setup(q, offsets, offset_counts, p, backend)
+    grads = _diagonal_backward(dout, q, k, v, out, lse, lse_pre, plan, p, scale, lib, like_inputs=False)
+    return tuple(_as_token_major(g) for g in grads)
+
+
+@_diagonal_op.register_fake
+def _(q, k, v, offsets, offset_counts, num_prefix_tokens, scale, backend):
+    b, h, t, d = q.shape
+    p = num_prefix_tokens
+    return _token_major(b, h, t, d, q), q.new_empty(b, h, t - p), q.new_empty(b, h, p)
+
+
+@_diagonal_backward_op.register_fake
+def _(dout, q, k, v, out, lse, lse_pre, offsets, offset_counts, num_prefix_tokens, scale, backend):
+    b, h, t, d = q.shape
+    return tuple(_token_major(b, h, t, d, q) for _ in range(3))
+
+
+def _diagonal_decomposition(q, k, v, offsets, offset_counts, num_prefix_tokens, scale, backend):
+    """Export decomposition of ``vitmix::sparse_diagonal_attention``: the PyTorch path written out of place
+    (exporters want functional graphs), the pattern rebuilt from the op's integer arguments: per slot
+    one gather of the shifted keys and values, a softmax over the ``P + M`` slots of each query row."""
+    p = num_prefix_tokens
+    b, h, t, d = q.shape
+    n = t - p
+    plan = _build_plan(_unflatten_offsets(offsets, offset_counts), n, q.device)
+    pad, slots = _torch_prepare(plan, n)
+    qp = q[:, :, p:]
+    kpad, vpad = _pad_rows(k[:, :, p:], pad), _pad_rows(v[:, :, p:], pad)
+    scores = [(torch.linalg.vecdot(qp, kpad.index_select(1, rows).view(b, h, n, d)) * scale).masked_fill(~valid, -inf)
+              for rows, valid in slots]
+    s = torch.stack(scores, dim=-1)
+    if p:
+        s = torch.cat([(qp @ k[:, :, :p].transpose(-1, -2)) * scale, s], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)  # -inf for a query with no key
+    empty = torch.isinf(lse)
+    w = torch.exp(s - lse.masked_fill(empty, 0.0)[..., None]).masked_fill(empty[..., None], 0.0)
+    out = sum(w[..., p + m, None] * vpad.index_select(1, rows).view(b, h, n, d) for m, (rows, _) in enumerate(slots))
+    if not p:
+        return out, lse, q.new_empty(b, h, 0)
+    out_pre, lse_pre = _prefix_forward(q, k, v, p, scale)
+    return torch.cat([out_pre, out + w[..., :p] @ v[:, :, :p]], dim=2), lse, lse_pre
+
+
+def _diagonal_op_setup(ctx, inputs, output):
+    q, k, v, offsets, offset_counts, p, scale, backend = inputs
+    out, lse, lse_pre = output
+    ctx.mark_non_differentiable(lse, lse_pre)
+    ctx.save_for_backward(q, k, v, out, lse, lse_pre)
+    ctx.static = (offsets, offset_counts, p, scale, backend)
+
+
+def _diagonal_op_grad(ctx, dout, _dlse, _dlse_pre):
+    q, k, v, out, lse, lse_pre = ctx.saved_tensors
+    dq, dk, dv = _diagonal_backward_op(dout, q, k, v, out, lse, lse_pre, *ctx.static)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_diagonal_op.register_autograd(_diagonal_op_grad, setup_context=_diagonal_op_setup)
 
 
 def _resolve_scale(scale, d):
@@ -394,20 +525,46 @@ def sparse_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     _check_qkv(q, k, v, q.shape[1] if q.dim() == 4 else -1, num_prefix_tokens)
-    plan = _plan_for(offsets, q, num_prefix_tokens)
     p = num_prefix_tokens
     scale = _resolve_scale(scale, q.shape[-1])
     dtype = _compute_dtype(q)
     qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
-    on_cpu = q.device.type == "cpu"
-    if backend == "c":
-        if not on_cpu:
-            raise ValueError("backend='c' runs on CPU tensors only; use backend='torch' (or 'auto') on this device")
-        if _load_kernel() is None:
-            raise ValueError("backend='c' needs a working C compiler (cc/gcc/clang, or CC=...); use backend='torch'")
-    use_c = on_cpu and backend in ("auto", "c") and _load_kernel() is not None
+    if traced():
+        if backend == "c" and q.device.type != "cpu":
+            raise ValueError(_C_ON_CPU_ONLY)
+        flat, counts = _flatten_offsets(_traced_offsets(offsets, q, p))
+        return _diagonal_op(qc, kc, vc, flat, counts, p, scale, backend)[0].to(q.dtype)
+    plan = _plan_for(offsets, q, p)
+    use_c = _backend_uses_c(q.device, backend)
     out = _DiagonalAttention.apply(qc, kc, vc, plan.to("cpu") if use_c else plan, p, scale, use_c)
     return out.to(q.dtype)
+
+
+_C_ON_CPU_ONLY = "backend='c' runs on CPU tensors only; use backend='torch' (or 'auto') on this device"
+
+
+def _backend_uses_c(device: torch.device, backend: str) -> bool:
+    """Whether ``backend`` runs the C kernel on ``device`` (``ValueError`` for an impossible ``"c"``)."""
+    on_cpu = torch.device(device).type == "cpu"
+    if backend == "c":
+        if not on_cpu:
+            raise ValueError(_C_ON_CPU_ONLY)
+        if _load_kernel() is None:
+            raise ValueError("backend='c' needs a working C compiler (cc/gcc/clang, or CC=...); use backend='torch'")
+    return on_cpu and backend in ("auto", "c") and _load_kernel() is not None
+
+
+def _traced_offsets(offsets, q, p) -> Tuple[Tuple[int, ...], ...]:
+    """The validated per-head offsets, from Python values only (no plan tensors while tracing)."""
+    _, n = _check_qkv_shape_only(q, p)
+    heads = offsets.num_heads if isinstance(offsets, DiagonalPlan) else len(offsets)
+    if heads != q.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads but {heads} offset sets were given (one per head)")
+    if isinstance(offsets, DiagonalPlan):
+        if offsets.num_tokens != n:
+            raise ValueError(f"the plan was built for N={offsets.num_tokens} patch tokens, the input has N={n}")
+        return offsets.offsets
+    return tuple(check_offsets(offsets, n))
 
 
 def _dense_mask(offsets, q, num_prefix_tokens):

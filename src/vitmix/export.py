@@ -1,0 +1,283 @@
+"""``vitmix export``: a model as an ONNX file checked with onnxruntime, or as a ``torch.export`` program.
+
+    vitmix export --model laplacianformer_tiny --format onnx --out model.onnx
+    vitmix export --model deit_tiny_patch16_224 --mixer soft --checkpoint runs/x/best.safetensors
+    vitmix export --model vit_nano_patch4_32_fibottention --format pt2 --out model.pt2
+
+Both formats have a dynamic batch dimension (the image size is fixed at export: ``--img-size``).
+
+* ``pt2``: :func:`export_program` (``torch.export``, inference) saved with ``torch.export.save``. The
+  ``vitmix::*`` custom ops stay single nodes: loading the file needs ``import vitmix`` (which
+  registers them) and runs vitmix's own kernels, the CPU C kernels included.
+* ``onnx``: the same program with the custom ops rewritten into standard operators
+  (:func:`vitmix.ops.export_decompositions`: Newton–Schulz as a fixed loop of matmuls, the sparse
+  Fibottention product as gathers, ...), converted by ``torch.onnx.export`` (the dynamo exporter),
+  then run by onnxruntime at two batch sizes and compared with PyTorch: the command fails when the
+  largest difference exceeds ``1e-4`` of the largest PyTorch output. Needs ``pip install 'vitmix[export]'``
+  (``onnx``, ``onnxscript``, ``onnxruntime``).
+
+Options that ONNX cannot express are a one-line ``ValueError`` naming the option to change
+(``newton_alpha="safe"`` on untied landmarks picks its start with a Cholesky test; ``inverse="exact"``
+is an LU solve with a pseudo-inverse fallback).
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple
+
+FORMATS = ("onnx", "pt2")
+#: the largest |onnxruntime - PyTorch| allowed, relative to the largest |PyTorch| output
+PARITY_RTOL = 1e-4
+PIP_HINT = "pip install 'vitmix[export]' (or: pip install onnx onnxscript onnxruntime)"
+# ATen ops that survive vitmix's decompositions only for options ONNX has no operator for
+_NOT_IN_ONNX = {
+    "linalg_cholesky_ex": "newton_alpha='safe' on untied landmarks (its start is chosen by a Cholesky test, "
+                          "which ONNX lacks); build the model with newton_alpha='transpose' or 'official'",
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="export a model to ONNX (checked with onnxruntime) or torch.export (.pt2)",
+                       description="Export a model with a dynamic batch dimension: --format onnx writes an ONNX "
+                                   "file and checks it against PyTorch with onnxruntime; --format pt2 writes a "
+                                   "torch.export program (load it with torch.export.load after import vitmix).")
+    p.add_argument("--model", required=True, help="a model name (vitmix models, timm's vit_*/deit_*)")
+    p.add_argument("--mixer", help="token mixer for timm ViT/DeiT models and the isotropic vitmix ViTs")
+    p.add_argument("--checkpoint", help="weights: a vitmix checkpoint or run directory (model rebuilt from its "
+                                        "metadata), or a torch .pt/.pth state dict for --model")
+    p.add_argument("--format", default="onnx", help="onnx (default) or pt2")
+    p.add_argument("--out", help="output file (default: MODEL.onnx / MODEL.pt2)")
+    p.add_argument("--img-size", type=int, help="image size (default: the model's, or the checkpoint's)")
+    p.add_argument("--opset", type=int, help="ONNX opset version (default: torch.onnx's)")
+    p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime / reload check")
+    p.set_defaults(func=run_export)
+
+
+def run_export(args) -> int:
+    fmt = check_format(args.format)
+    if fmt == "onnx":
+        require_packages(("onnx", "onnxscript") + (() if args.no_verify else ("onnxruntime",)))
+    if args.opset is not None and fmt != "onnx":
+        raise ValueError("--opset applies to --format onnx only; drop it for --format pt2")
+    out = Path(args.out or f"{args.model}.{fmt}")
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; give a file name such as {out / (args.model + '.' + fmt)}")
+    model, example = build_model(args.model, args.mixer, args.checkpoint, args.img_size)
+    program = export_program(model, example)
+    if fmt == "pt2":
+        import torch
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.export.save(program, str(out))
+        print(f"wrote {out} (torch.export program, {out.stat().st_size / 2**20:.1f} MiB)")
+        print(f"  input  images: float32 {_shape_text(example.shape)}")
+        errors = {} if args.no_verify else pt2_parity(out, model, tuple(example.shape[1:]))
+    else:
+        info = write_onnx(program, out, args.opset)
+        print(f"wrote {out} (ONNX opset {info['opset']}, {out.stat().st_size / 2**20:.1f} MiB)")
+        for kind in ("inputs", "outputs"):
+            for name, dtype, shape in info[kind]:
+                print(f"  {kind[:-1]:<6} {name}: {dtype} {shape}")
+        errors = {} if args.no_verify else onnxruntime_parity(out, model, tuple(example.shape[1:]))
+    return _report_parity(errors, "onnxruntime" if fmt == "onnx" else "torch.export.load")
+
+
+def check_format(fmt: str) -> str:
+    """``fmt`` if supported, else a ``ValueError`` that says what to use instead."""
+    if fmt in FORMATS:
+        return fmt
+    from ._util import close_matches
+
+    if fmt.lower() in ("torchscript", "jit", "ts", "pt"):
+        hint = " (TorchScript is not supported: torch.jit is deprecated in favour of torch.export, which pt2 writes)"
+    else:
+        hint = "." + close_matches(fmt, FORMATS) if close_matches(fmt, FORMATS) else ""
+    raise ValueError(f"unsupported export format {fmt!r}; use --format onnx or --format pt2{hint}")
+
+
+def require_packages(names: Sequence[str]) -> None:
+    """A one-line ``ValueError`` naming the pip install when an optional export package is missing."""
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        raise ValueError(f"ONNX export needs the package(s) {', '.join(missing)}: {PIP_HINT}")
+
+
+def build_model(name: str, mixer: Optional[str] = None, checkpoint: Optional[str] = None,
+                img_size: Optional[int] = None):
+    """The model in eval mode and an example batch of 2 images (the exported batch size is dynamic)."""
+    import torch
+
+    from .models import create_model
+
+    meta = _checkpoint_meta(checkpoint) if checkpoint else None
+    if meta is not None:
+        model, in_chans, size = _from_vitmix_checkpoint(name, mixer, checkpoint, img_size, meta)
+    else:
+        kwargs = {} if img_size is None else {"img_size": img_size}
+        model = create_model(name, mixer=mixer, **kwargs)
+        if checkpoint:
+            from .train.checkpoint import load_into, read_state_dict
+
+            load_into(model, read_state_dict(checkpoint), checkpoint)
+        cfg = getattr(model, "pretrained_cfg", {}) or {}
+        in_chans = int(getattr(model, "in_chans", (cfg.get("input_size") or (3,))[0]))
+        size = img_size or int((cfg.get("input_size") or (3, 224, 224))[-1])
+    example = torch.randn(2, in_chans, size, size, generator=torch.Generator().manual_seed(0))
+    return model.eval(), example
+
+
+def _checkpoint_meta(checkpoint: str) -> Optional[dict]:
+    """The vitmix metadata of a checkpoint file or run directory, or ``None`` for a plain state dict."""
+    from .train.checkpoint import load_weights
+    from .train.runner import resolve_checkpoint
+
+    path = resolve_checkpoint(checkpoint)
+    if path.suffix != ".safetensors":
+        return None
+    meta = load_weights(path)[1]
+    return meta if "model" in meta else None
+
+
+def _from_vitmix_checkpoint(name, mixer, checkpoint, img_size, meta) -> Tuple[object, int, int]:
+    from .train.runner import load_model
+
+    if meta["model"] != name or (mixer is not None and mixer != meta.get("mixer")):
+        raise ValueError(f"{checkpoint} holds {meta['model']} (mixer={meta.get('mixer') or 'default'}), not "
+                         f"{name}{f' (mixer={mixer})' if mixer else ''}; pass --model {meta['model']}"
+                         + (f" --mixer {meta['mixer']}" if meta.get("mixer") else ""))
+    if img_size is not None and img_size != int(meta["img_size"]):
+        raise ValueError(f"{checkpoint} was trained at img_size={meta['img_size']}; drop --img-size "
+                         f"(the checkpoint's size is used)")
+    return load_model(checkpoint, "cpu"), int(meta["in_chans"]), int(meta["img_size"])
+
+
+def export_program(model, example):
+    """``torch.export`` of ``model`` (inference, ``no_grad``) with a dynamic batch dimension; the
+    vitmix custom ops stay single nodes (see :mod:`vitmix.ops.decompositions` to rewrite them)."""
+    import torch
+
+    if example.shape[0] < 2:
+        raise ValueError("export_program needs an example batch of >= 2 images (batch 1 would be specialised)")
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        return torch.export.export(model.eval(), (example,), dynamic_shapes=({0: batch},))
+
+
+def onnx_program(program, opset: Optional[int] = None):
+    """The ``torch.onnx`` program of an exported program, vitmix's custom ops decomposed first."""
+    import torch
+
+    from .ops import export_decompositions
+
+    require_packages(("onnx", "onnxscript"))
+    decomposed = program.run_decompositions(export_decompositions())
+    _check_onnx_ops(decomposed)
+    with torch.no_grad():
+        return torch.onnx.export(decomposed, dynamo=True, opset_version=opset, input_names=["images"],
+                                 output_names=["logits"], verbose=False)
+
+
+def _check_onnx_ops(program) -> None:
+    import torch
+
+    for gm in program.graph_module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        for node in gm.graph.nodes:
+            op = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+            if op in _NOT_IN_ONNX:
+                raise ValueError(f"this model cannot be exported to ONNX: {_NOT_IN_ONNX[op]}")
+
+
+def write_onnx(program, path: Path, opset: Optional[int] = None) -> Dict[str, object]:
+    """Write the ONNX file; returns its ``opset`` and ``inputs``/``outputs`` as (name, dtype, shape)."""
+    import onnx
+
+    proto = onnx_program(program, opset).model_proto
+    _name_batch_dim(proto)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(proto, str(path))
+    opset_used = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    return {"opset": opset_used, "inputs": [_value_info(v) for v in proto.graph.input],
+            "outputs": [_value_info(v) for v in proto.graph.output]}
+
+
+def _name_batch_dim(proto) -> None:
+    """Call the symbolic batch dimension ``batch`` (the exporter names it after an internal symbol)."""
+    dim0 = proto.graph.input[0].type.tensor_type.shape.dim[0]
+    symbol = dim0.dim_param
+    if not symbol:
+        return
+    for value in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == symbol:
+                dim.dim_param = "batch"
+
+
+def _value_info(value) -> Tuple[str, str, str]:
+    import onnx
+
+    t = value.type.tensor_type
+    dims = [d.dim_param or str(d.dim_value) for d in t.shape.dim]
+    return value.name, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "[" + ", ".join(dims) + "]"
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join(["batch", *(str(s) for s in shape[1:])]) + "]"
+
+
+def relative_error(got, want) -> float:
+    """``max |got - want| / max |want|`` (float64)."""
+    import torch
+
+    got, want = torch.as_tensor(got).double(), torch.as_tensor(want).double()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def _reference(model, x):
+    import torch
+
+    with torch.no_grad():
+        return model(x)
+
+
+def onnxruntime_parity(path: Path, model, image_shape: Tuple[int, ...], batches=(1, 3)) -> Dict[int, float]:
+    """``{batch: relative error}`` of onnxruntime's output against ``model`` (CPU, float32)."""
+    import torch
+
+    require_packages(("onnxruntime",))
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    errors = {}
+    for b in batches:
+        x = torch.randn(b, *image_shape, generator=torch.Generator().manual_seed(b))
+        errors[b] = relative_error(session.run(None, {name: x.numpy()})[0], _reference(model, x))
+    return errors
+
+
+def pt2_parity(path: Path, model, image_shape: Tuple[int, ...], batches=(1, 3)) -> Dict[int, float]:
+    """``{batch: relative error}`` of the reloaded ``.pt2`` program against ``model``."""
+    import torch
+
+    loaded = torch.export.load(str(path)).module()
+    errors = {}
+    for b in batches:
+        x = torch.randn(b, *image_shape, generator=torch.Generator().manual_seed(b))
+        errors[b] = relative_error(_reference(loaded, x), _reference(model, x))
+    return errors
+
+
+def _report_parity(errors: Dict[int, float], runner: str) -> int:
+    if not errors:
+        return 0
+    text = ", ".join(f"{err:.1e} at batch {b}" for b, err in errors.items())
+    ok = max(errors.values()) <= PARITY_RTOL
+    print(f"  {runner} vs PyTorch: max relative error {text} (limit {PARITY_RTOL:g}): {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+__all__ = ["FORMATS", "PARITY_RTOL", "add_parser", "build_model", "check_format", "export_program",
+           "onnx_program", "onnxruntime_parity", "pt2_parity", "relative_error", "require_packages", "write_onnx"]

@@ -1,0 +1,42 @@
+"""Export decompositions of vitmix's custom ops into standard PyTorch (ATen) operations.
+
+``torch.export`` keeps the ``vitmix::*`` custom ops as single nodes (their real implementations, C
+kernels included, run when the exported program does). Targets that only know standard operators
+(ONNX, some mobile runtimes) need them rewritten; :func:`export_decompositions` gives the table for
+:meth:`torch.export.ExportedProgram.run_decompositions`:
+
+========================================  ====================================================================
+op                                        decomposition
+========================================  ====================================================================
+``vitmix::gaussian_kernel``               the GEMM expansion ``-2 x·y + |x|² + |y|²``, clamped, ``exp``
+``vitmix::laplacian_kernel``              the reference's broadcast ``|x_i - y_j|`` summed over features
+``vitmix::newton_schulz_inverse``         the start and ``iters`` unrolled ``V <- 2V - V P V`` batched matmuls
+``vitmix::sparse_diagonal_attention``     the PyTorch path: one gather of shifted keys/values per slot
+``vitmix::dynamic_depthwise_conv2d``      ``k²`` shifted products (ONNX's ``Conv`` cannot take a batch-sized
+                                          ``group`` count)
+========================================  ====================================================================
+
+Each equals the op up to float rounding (tests compare them). Inference only: the ``*_backward`` ops
+are not decomposed. ``newton_schulz_inverse(mode="exact")`` has no fixed form (``ValueError``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import torch
+
+from . import dynamic, kernels, newton, sparse_diagonal
+
+__all__ = ["export_decompositions"]
+
+
+def export_decompositions() -> Dict[torch._ops.OpOverload, Callable]:
+    """``{op: decomposition}`` for every forward custom op of :mod:`vitmix.ops` (a new dict each call)."""
+    ops = torch.ops.vitmix
+    return {
+        ops.gaussian_kernel.default: kernels._gaussian_decomposition,
+        ops.laplacian_kernel.default: kernels._laplacian_decomposition,
+        ops.newton_schulz_inverse.default: newton._newton_decomposition,
+        ops.sparse_diagonal_attention.default: sparse_diagonal._diagonal_decomposition,
+        ops.dynamic_depthwise_conv2d.default: dynamic.dynamic_depthwise_conv2d_taps,
+    }

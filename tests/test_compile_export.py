@@ -1,0 +1,328 @@
+"""torch.compile, torch.export and ONNX over the model registry and every mixer.
+
+The tables of ``docs/compile-export.md`` say what works; these tests read them and check each claim
+on the family's representative in a small configuration (``FAMILY_CONFIGS``) and on every mixer in
+a one-block ``vit_nano_patch4_32``:
+
+* ``yes`` — compile with ``fullgraph=True`` / export with a dynamic batch / ONNX within 1e-4, and
+  match eager (forward and every parameter gradient for compile);
+* ``graph break: ...`` — compile with ``fullgraph=False`` and match eager;
+* ``no: ...`` — still fails (a fix must update the table).
+
+A registered model outside every family pattern, or a mixer without a row, fails
+:func:`test_tables_cover_the_registry`. ``VITMIX_TEST_ALL_MODELS=1`` adds the export of every
+registered model at full depth (minutes).
+"""
+import fnmatch
+import functools
+import os
+import re
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import vitmix
+from vitmix.export import export_program, onnxruntime_parity, relative_error, write_onnx
+from vitmix.models import is_vitmix_model
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "compile-export.md"
+#: what tracing raises on code it cannot capture (dynamo's Unsupported/UserError, data-dependent
+#: guards, specialised dynamic dimensions): all RuntimeErrors, unlike vitmix's ValueErrors
+TRACING_FAILURE = RuntimeError
+
+#: small configuration of each family's representative (one block per stage, small images). The
+#: pyramids run at 128² (stage 4: a 4×4 grid): at 64² the untrained LaplacianFormer's 2×2 landmark
+#: kernels make it so ill-conditioned that float32 vs float64 already differ by 2e-5 of the output
+PYRAMID = dict(depths=(1, 1, 1, 1), img_size=128)
+FAMILY_CONFIGS = {
+    "vit_*_patch4_32": dict(depth=1),
+    "vit_*_fibottention": dict(depth=1),
+    "soft_*": PYRAMID,
+    "soft_norm_*": PYRAMID,
+    "laplacianformer_*": PYRAMID,
+    "weightformer_*": dict(depth=2, img_size=32),          # block 1 is dynamic
+    "dit_*": dict(depth=1),
+    "weightformer_dit_*": dict(depth=2),
+}
+
+
+def _table(heading_start: str):
+    """Rows (dicts by column name, backticks stripped) of the first table after the heading."""
+    lines = DOC.read_text().split(heading_start, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip().strip("|").split("|")])
+    header, body = rows[0], rows[2:]          # rows[1] is the |---| separator
+    return [dict(zip(header, row)) for row in body]
+
+
+FAMILIES = _table("Model families")
+MIXERS = _table("Every mixer inside")
+
+
+def _family_of(name: str) -> str:
+    """The ``models`` pattern of ``name``'s family: the longest matching one ("" if none matches)."""
+    matches = [f["models"] for f in FAMILIES if fnmatch.fnmatchcase(name, f["models"])]
+    return max(matches, key=len) if matches else ""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()       # each test compiles new modules: no recompile limit, no stale guards
+    yield
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------- the tables
+def test_tables_cover_the_registry():
+    registered = sorted(m for m in timm.list_models() if is_vitmix_model(m))
+    assert [m for m in registered if not _family_of(m)] == [], "models without a row in docs/compile-export.md"
+    assert {f["models"] for f in FAMILIES} == set(FAMILY_CONFIGS)
+    for f in FAMILIES:
+        assert _family_of(f["tested as"]) == f["models"], f
+    assert sorted(r["mixer"] for r in MIXERS) == sorted(vitmix.list_mixers())
+    cells = [r[c] for r in FAMILIES for c in ("torch.compile", "torch.export", "ONNX")]
+    cells += [r[c] for r in MIXERS for c in ("torch.compile", "torch.export")]
+    for cell in cells:      # every claim is checkable: yes, a justified graph break or a justified no
+        assert re.fullmatch(r"yes|(graph break|no): .{10,}", cell), cell
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _family_model(row):
+    torch.manual_seed(0)
+    return vitmix.create_model(row["tested as"], **FAMILY_CONFIGS[row["models"]]).eval()
+
+
+def _mixer_model(name):
+    torch.manual_seed(0)
+    return vitmix.create_model("vit_nano_patch4_32", mixer=name, depth=1).eval()
+
+
+def _image_shape(model):
+    size = getattr(getattr(model, "patch_embed", None), "img_size", None) or model.img_size
+    return (3, *((size, size) if isinstance(size, int) else size))
+
+
+def _inputs(model, batch: int):
+    """Random inputs: images, or the example call of diffusion backbones (``model(x, t, y)``)."""
+    g = torch.Generator().manual_seed(batch)
+    if hasattr(model, "example_inputs"):
+        return tuple(torch.randn(a.shape, generator=g) if a.is_floating_point() else a
+                     for a in model.example_inputs(batch))
+    return (torch.randn(batch, *_image_shape(model), generator=g),)
+
+
+def _forward_backward(fn, model, args):
+    """Output and every parameter gradient of a fixed weighted sum of the output."""
+    model.zero_grad(set_to_none=True)
+    out = fn(*args)
+    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)
+    (out * weights).sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_matches(got, want, rtol):
+    """Same output and gradients up to ``rtol`` of each tensor's largest entry (float32 rounding)."""
+    (out, grads), (ref, ref_grads) = got, want
+    assert relative_error(out, ref) <= rtol
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        assert relative_error(grads[name], ref_grads[name]) <= rtol, name
+
+
+def _check_compile(model, claim: str, backend: str = "eager", rtol: float = 1e-5):
+    args = _inputs(model, 2)
+    eager = _forward_backward(model, model, args)            # also warms up caches and lazy modules
+    if claim != "yes":      # "no" or "graph break": one graph cannot hold it (the claim is still true)
+        with pytest.raises(TRACING_FAILURE):
+            torch.compile(model, backend=backend, fullgraph=True)(*args)
+        torch._dynamo.reset()
+        if claim.startswith("no"):
+            return
+    compiled = torch.compile(model, backend=backend, fullgraph=claim == "yes")
+    _assert_matches(_forward_backward(compiled, model, args), eager, rtol)
+    # a second call (the cached graph) gives the same numbers
+    _assert_matches(_forward_backward(compiled, model, args), eager, rtol)
+
+
+def _check_export(model, claim: str, program=None):
+    args = _inputs(model, 2)
+    if claim.startswith("no"):
+        with pytest.raises(TRACING_FAILURE):
+            _export(model, args)
+        return
+    program = (program or _export(model, args)).module()
+    for batch in (1, 3):
+        other = _inputs(model, batch)
+        with torch.no_grad():
+            # the same kernels behind the custom ops; only reduction orders of the traced code differ
+            assert relative_error(program(*other), model(*other)) <= 1e-5, batch
+
+
+@functools.lru_cache(maxsize=None)
+def _family_program(pattern: str):
+    """The family's small model and its exported program, shared by the export and ONNX tests (the
+    ``xdist_group`` of :data:`FAMILY_PARAMS` keeps both on one worker)."""
+    model = _family_model(next(f for f in FAMILIES if f["models"] == pattern))
+    return model, _export(model, _inputs(model, 2))
+
+
+def _export(model, args):
+    if len(args) == 1:
+        return export_program(model, args[0])
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        return torch.export.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args))
+
+
+# ----------------------------------------------------------------------------- torch.compile
+@pytest.mark.parametrize("row", FAMILIES, ids=[r["models"] for r in FAMILIES])
+def test_family_compiles_and_matches_eager(row):
+    _check_compile(_family_model(row), row["torch.compile"])
+
+
+@pytest.mark.parametrize("row", MIXERS, ids=[r["mixer"] for r in MIXERS])
+def test_mixer_in_a_timm_vit_compiles_and_matches_eager(row):
+    _check_compile(_mixer_model(row["mixer"]), row["torch.compile"])
+
+
+@pytest.mark.slow
+def test_inductor_fwd_bwd_matches_eager():
+    """End to end with inductor (about a minute with a cold inductor cache): the custom ops' fake
+    layouts, the C kernels called from generated code, fused PyTorch code around them, on a
+    Laplacian ViT (L1 kernel, Newton–Schulz and their backward ops, the injective normaliser).
+    Float32 with other reduction orders in the fused code, amplified through Newton–Schulz and the
+    normalisation: 1e-4 of each tensor's largest entry."""
+    torch.manual_seed(0)
+    model = vitmix.create_model("vit_nano_patch4_32", mixer="laplacian", depth=1).eval()
+    _check_compile(model, "yes", backend="inductor", rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------ torch.export
+FAMILY_PARAMS = [pytest.param(r, id=r["models"], marks=pytest.mark.xdist_group(f"family {r['models']}"))
+                 for r in FAMILIES]
+
+
+@pytest.mark.parametrize("row", FAMILY_PARAMS)
+def test_family_exports_with_a_dynamic_batch(row):
+    if row["torch.export"].startswith("no"):
+        _check_export(_family_model(row), row["torch.export"])
+    else:
+        model, program = _family_program(row["models"])
+        _check_export(model, row["torch.export"], program)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", MIXERS, ids=[r["mixer"] for r in MIXERS])
+def test_mixer_in_a_timm_vit_exports_with_a_dynamic_batch(row):
+    _check_export(_mixer_model(row["mixer"]), row["torch.export"])
+
+
+def test_exported_program_keeps_the_custom_ops():
+    model = _mixer_model("laplacian")
+    ep = export_program(model, _inputs(model, 2)[0])
+    targets = {str(n.target) for n in ep.graph.nodes}
+    assert {"vitmix.laplacian_kernel.default", "vitmix.newton_schulz_inverse.default"} <= targets
+
+
+if os.environ.get("VITMIX_TEST_ALL_MODELS"):     # opt-in: minutes (defined only then, so nothing is skipped)
+    @pytest.mark.slow
+    @pytest.mark.parametrize("name", sorted(m for m in timm.list_models() if is_vitmix_model(m)))
+    def test_every_registered_model_exports(name):
+        """Full depth; pyramids and WeightFormer at 64² (any multiple of 32 works), ViTs at their size."""
+        row = next(f for f in FAMILIES if f["models"] == _family_of(name))
+        small = {"img_size": 64} if row["models"] in ("soft_*", "soft_norm_*", "laplacianformer_*", "weightformer_*") \
+            else {}
+        torch.manual_seed(0)
+        _check_export(vitmix.create_model(name, **small).eval(), row["torch.export"])
+
+
+# ------------------------------------------------------------------------------------- ONNX
+@pytest.mark.slow
+@pytest.mark.parametrize("row", FAMILY_PARAMS)
+def test_family_onnx_matches_onnxruntime(row, tmp_path):
+    pytest.importorskip("onnxruntime", reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
+    pytest.importorskip("onnxscript", reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
+    claim = row["ONNX"]
+    if claim.startswith("no"):
+        model = _family_model(row)
+        with pytest.raises(TRACING_FAILURE):
+            write_onnx(_export(model, _inputs(model, 2)), tmp_path / "m.onnx")
+        return
+    model, program = _family_program(row["models"])
+    path = tmp_path / "m.onnx"
+    info = write_onnx(program, path)
+    assert info["inputs"][0][0] == "images" and info["inputs"][0][2].startswith("[batch, ")
+    errors = onnxruntime_parity(path, model, _image_shape(model))
+    assert max(errors.values()) <= 1e-4, errors
+
+
+def test_onnx_refuses_the_cholesky_start_with_a_named_option(tmp_path):
+    pytest.importorskip("onnxscript", reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
+    torch.manual_seed(0)
+    model = vitmix.create_model("vit_nano_patch4_32", mixer="laplacian", depth=1,
+                                mixer_options={"newton_alpha": "safe"}).eval()
+    with pytest.raises(ValueError, match="newton_alpha='transpose'"):
+        write_onnx(export_program(model, _inputs(model, 2)[0]), tmp_path / "m.onnx")
+
+
+# -------------------------------------------------------------------------------------- CLI
+def test_cli_pt2_round_trip(tmp_path, capsys):
+    from vitmix.cli import main
+
+    out = tmp_path / "nano.pt2"
+    assert main(["export", "--model", "vit_nano_patch4_32", "--format", "pt2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert out.is_file() and "input  images: float32 [batch, 3, 32, 32]" in text and ": ok" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--format", "torchscript"], "unsupported export format 'torchscript'; use --format onnx or --format pt2"),
+    (["--format", "onxx"], "Did you mean: onnx?"),
+    (["--format", "pt2", "--opset", "17"], "--opset applies to --format onnx only"),
+    (["--checkpoint", "missing.safetensors", "--format", "pt2"], "does not exist"),
+])
+def test_cli_bad_options_are_one_line_errors(argv, message, capsys):
+    from vitmix.cli import main
+
+    assert main(["export", "--model", "vit_nano_patch4_32", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_cli_missing_onnx_package_names_the_pip_install(monkeypatch, capsys):
+    import importlib.util
+
+    from vitmix.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
+    assert main(["export", "--model", "vit_nano_patch4_32", "--format", "onnx"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "onnxscript" in err and "pip install 'vitmix[export]'" in err and len(err.splitlines()) == 1
+
+
+def test_cli_exports_a_vitmix_checkpoint_with_its_own_weights(tmp_path, capsys):
+    from vitmix.cli import main
+    from vitmix.train.checkpoint import save_weights
+
+    torch.manual_seed(123)
+    trained = vitmix.create_model("vit_nano_patch4_32", mixer="fibottention", depth=1).eval()
+    ckpt = tmp_path / "best.safetensors"
+    save_weights(trained, ckpt, {"model": "vit_nano_patch4_32", "mixer": "fibottention", "num_classes": 10,
+                                 "in_chans": 3, "img_size": 32, "model_options": {"depth": 1}})
+    out = tmp_path / "m.pt2"
+    argv = ["export", "--model", "vit_nano_patch4_32", "--checkpoint", str(tmp_path), "--format", "pt2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.export.load(str(out)).module()(x), trained(x), rtol=1e-5, atol=1e-6)
+    capsys.readouterr()
+    assert main(["export", "--model", "vit_tiny_patch4_32", "--checkpoint", str(ckpt), "--format", "pt2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds vit_nano_patch4_32 (mixer=fibottention)" in err and "--model vit_nano_patch4_32" in err
