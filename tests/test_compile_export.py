@@ -24,7 +24,7 @@ import timm
 import torch
 
 import vitmix
-from vitmix.export import export_program, onnxruntime_parity, relative_error, write_onnx
+from vitmix.export import example_call, export_program, onnxruntime_parity, relative_error, write_onnx
 from vitmix.models import is_vitmix_model
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "compile-export.md"
@@ -95,7 +95,19 @@ def test_tables_cover_the_registry():
 # ------------------------------------------------------------------------------------ helpers
 def _family_model(row):
     torch.manual_seed(0)
-    return vitmix.create_model(row["tested as"], **FAMILY_CONFIGS[row["models"]]).eval()
+    model = vitmix.create_model(row["tested as"], **FAMILY_CONFIGS[row["models"]]).eval()
+    if hasattr(model, "example_inputs"):
+        _perturb_zero_init(model)
+    return model
+
+
+def _perturb_zero_init(model):
+    """Small random values for the all-zero tensors of an adaLN-Zero init, whose output is exactly 0 (an
+    export that dropped every block would still match it)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.normal_(std=0.02)
 
 
 def _mixer_model(name):
@@ -109,12 +121,11 @@ def _image_shape(model):
 
 
 def _inputs(model, batch: int):
-    """Random inputs: images, or the example call of diffusion backbones (``model(x, t, y)``)."""
-    g = torch.Generator().manual_seed(batch)
+    """Random inputs: images, or the example call of diffusion backbones (``model(x, t, y)``: random
+    images, timesteps and labels, the null class included)."""
     if hasattr(model, "example_inputs"):
-        return tuple(torch.randn(a.shape, generator=g) if a.is_floating_point() else a
-                     for a in model.example_inputs(batch))
-    return (torch.randn(batch, *_image_shape(model), generator=g),)
+        return example_call(model, batch)
+    return (torch.randn(batch, *_image_shape(model), generator=torch.Generator().manual_seed(batch)),)
 
 
 def _forward_backward(fn, model, args):
@@ -173,11 +184,7 @@ def _family_program(pattern: str):
 
 
 def _export(model, args):
-    if len(args) == 1:
-        return export_program(model, args[0])
-    batch = torch.export.Dim("batch", min=1)
-    with torch.no_grad():
-        return torch.export.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args))
+    return export_program(model, args)
 
 
 # ----------------------------------------------------------------------------- torch.compile
@@ -223,6 +230,24 @@ def test_mixer_in_a_timm_vit_exports_with_a_dynamic_batch(row):
     _check_export(_mixer_model(row["mixer"]), row["torch.export"])
 
 
+def test_built_linformer_forward_never_asks_is_lazy(monkeypatch):
+    """The compile fix: once E/F exist (built at construction, by the first input, or loaded into a lazy
+    layer), the forward reads a Python int, never ``is_lazy`` (which dynamo cannot trace)."""
+    import vitmix.mixers.linformer as linformer
+
+    x = torch.randn(2, 21, 32)
+    built = vitmix.mixers.create("linformer", 32, 4, seq_len=21)
+    lazy = vitmix.mixers.create("linformer", 32, 4)
+    lazy(x)                                                            # built by the first input
+    loaded = vitmix.mixers.create("linformer", 32, 4)
+    loaded.load_state_dict(built.state_dict())                         # materialised by the lazy load hook
+    loaded(x)
+    monkeypatch.setattr(linformer, "is_lazy", lambda p: pytest.fail("is_lazy called in a built forward"))
+    for layer in (built, lazy, loaded):
+        assert layer(x).shape == x.shape and layer.seq_len == 21
+    torch.testing.assert_close(loaded(x), built(x), rtol=0, atol=0)
+
+
 def test_exported_program_keeps_the_custom_ops():
     model = _mixer_model("laplacian")
     ep = export_program(model, _inputs(model, 2)[0])
@@ -258,6 +283,7 @@ def test_family_onnx_matches_onnxruntime(row, tmp_path):
     path = tmp_path / "m.onnx"
     info = write_onnx(program, path)
     assert info["inputs"][0][0] == "images" and info["inputs"][0][2].startswith("[batch, ")
+    assert len(info["inputs"]) == len(_inputs(model, 1)) and all(i[2].startswith("[batch") for i in info["inputs"])
     errors = onnxruntime_parity(path, model, _image_shape(model))
     assert max(errors.values()) <= 1e-4, errors
 

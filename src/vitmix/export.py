@@ -5,6 +5,9 @@
     vitmix export --model vit_nano_patch4_32_fibottention --format pt2 --out model.pt2
 
 Both formats have a dynamic batch dimension (the image size is fixed at export: ``--img-size``).
+Models whose forward takes more than images (the diffusion backbones' ``model(x, t, y)``) expose
+``example_inputs(batch_size, generator)``; every input then gets the dynamic batch and the ONNX
+inputs are ``images`` followed by the forward's own argument names.
 
 * ``pt2``: :func:`export_program` (``torch.export``, inference) saved with ``torch.export.save``. The
   ``vitmix::*`` custom ops stay single nodes: loading the file needs ``import vitmix`` (which
@@ -71,15 +74,16 @@ def run_export(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         torch.export.save(program, str(out))
         print(f"wrote {out} (torch.export program, {out.stat().st_size / 2**20:.1f} MiB)")
-        print(f"  input  images: float32 {_shape_text(example.shape)}")
-        errors = {} if args.no_verify else pt2_parity(out, model, tuple(example.shape[1:]))
+        for name, value in zip(_input_names(program), _as_tuple(example)):
+            print(f"  input  {name}: {str(value.dtype).replace('torch.', '')} {_shape_text(value.shape)}")
+        errors = {} if args.no_verify else pt2_parity(out, model, _image_shape(example))
     else:
         info = write_onnx(program, out, args.opset)
         print(f"wrote {out} (ONNX opset {info['opset']}, {out.stat().st_size / 2**20:.1f} MiB)")
         for kind in ("inputs", "outputs"):
             for name, dtype, shape in info[kind]:
                 print(f"  {kind[:-1]:<6} {name}: {dtype} {shape}")
-        errors = {} if args.no_verify else onnxruntime_parity(out, model, tuple(example.shape[1:]))
+        errors = {} if args.no_verify else onnxruntime_parity(out, model, _image_shape(example))
     return _report_parity(errors, "onnxruntime" if fmt == "onnx" else "torch.export.load")
 
 
@@ -105,7 +109,8 @@ def require_packages(names: Sequence[str]) -> None:
 
 def build_model(name: str, mixer: Optional[str] = None, checkpoint: Optional[str] = None,
                 img_size: Optional[int] = None):
-    """The model in eval mode and an example batch of 2 images (the exported batch size is dynamic)."""
+    """The model in eval mode and an example batch of 2 images (the exported batch size is dynamic), or
+    the model's own ``example_inputs`` call at batch 2 when its forward takes more than images."""
     import torch
 
     from .models import create_model
@@ -123,6 +128,8 @@ def build_model(name: str, mixer: Optional[str] = None, checkpoint: Optional[str
         cfg = getattr(model, "pretrained_cfg", {}) or {}
         in_chans = int(getattr(model, "in_chans", (cfg.get("input_size") or (3,))[0]))
         size = img_size or int((cfg.get("input_size") or (3, 224, 224))[-1])
+    if hasattr(model, "example_inputs"):
+        return model.eval(), example_call(model, 2)
     example = torch.randn(2, in_chans, size, size, generator=torch.Generator().manual_seed(0))
     return model.eval(), example
 
@@ -152,16 +159,44 @@ def _from_vitmix_checkpoint(name, mixer, checkpoint, img_size, meta) -> Tuple[ob
     return load_model(checkpoint, "cpu"), int(meta["in_chans"]), int(meta["img_size"])
 
 
-def export_program(model, example):
-    """``torch.export`` of ``model`` (inference, ``no_grad``) with a dynamic batch dimension; the
-    vitmix custom ops stay single nodes (see :mod:`vitmix.ops.decompositions` to rewrite them)."""
+def example_call(model, batch: int, seed: Optional[int] = None) -> tuple:
+    """Random arguments of one ``model(...)`` call at ``batch`` for a model with ``example_inputs``
+    (``model(x, t, y)``: images, timesteps, labels); seeded with ``batch`` unless ``seed`` is given."""
     import torch
 
-    if example.shape[0] < 2:
+    return tuple(model.example_inputs(batch, generator=torch.Generator().manual_seed(batch if seed is None else seed)))
+
+
+def export_program(model, example):
+    """``torch.export`` of ``model`` (inference, ``no_grad``) with a dynamic batch dimension; the
+    vitmix custom ops stay single nodes (see :mod:`vitmix.ops.decompositions` to rewrite them).
+
+    ``example``: a batch of images, or a tuple of the forward's arguments (all batch-first; e.g. from
+    :func:`example_call`), which then share the dynamic batch."""
+    import torch
+
+    args = _as_tuple(example)
+    if args[0].shape[0] < 2:
         raise ValueError("export_program needs an example batch of >= 2 images (batch 1 would be specialised)")
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
-        return torch.export.export(model.eval(), (example,), dynamic_shapes=({0: batch},))
+        return torch.export.export(model.eval(), args, dynamic_shapes=tuple({0: batch} for _ in args))
+
+
+def _as_tuple(example) -> tuple:
+    return tuple(example) if isinstance(example, (tuple, list)) else (example,)
+
+
+def _image_shape(example) -> Tuple[int, ...]:
+    return tuple(_as_tuple(example)[0].shape[1:])
+
+
+def _input_names(program) -> list:
+    """``images`` for the first input, the forward's own argument names for the others."""
+    from torch.export.graph_signature import InputKind
+
+    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    return ["images", *names[1:]]
 
 
 def onnx_program(program, opset: Optional[int] = None):
@@ -173,9 +208,10 @@ def onnx_program(program, opset: Optional[int] = None):
     require_packages(("onnx", "onnxscript"))
     decomposed = program.run_decompositions(export_decompositions())
     _check_onnx_ops(decomposed)
-    with torch.no_grad():
-        return torch.onnx.export(decomposed, dynamo=True, opset_version=opset, input_names=["images"],
-                                 output_names=["logits"], verbose=False)
+    names = _input_names(program)
+    with torch.no_grad():     # a classifier's output is logits; a diffusion backbone's is its prediction
+        return torch.onnx.export(decomposed, dynamo=True, opset_version=opset, input_names=names,
+                                 output_names=["logits" if len(names) == 1 else "prediction"], verbose=False)
 
 
 def _check_onnx_ops(program) -> None:
@@ -235,26 +271,34 @@ def relative_error(got, want) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
-def _reference(model, x):
+def _reference(model, args: tuple):
     import torch
 
     with torch.no_grad():
-        return model(x)
+        return model(*args)
+
+
+def _parity_inputs(model, image_shape: Tuple[int, ...], batch: int) -> tuple:
+    """The inputs of the parity checks at ``batch``: random images, or :func:`example_call`."""
+    import torch
+
+    if hasattr(model, "example_inputs"):
+        return example_call(model, batch)
+    return (torch.randn(batch, *image_shape, generator=torch.Generator().manual_seed(batch)),)
 
 
 def onnxruntime_parity(path: Path, model, image_shape: Tuple[int, ...], batches=(1, 3)) -> Dict[int, float]:
     """``{batch: relative error}`` of onnxruntime's output against ``model`` (CPU, float32)."""
-    import torch
-
     require_packages(("onnxruntime",))
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
+    names = [i.name for i in session.get_inputs()]
     errors = {}
     for b in batches:
-        x = torch.randn(b, *image_shape, generator=torch.Generator().manual_seed(b))
-        errors[b] = relative_error(session.run(None, {name: x.numpy()})[0], _reference(model, x))
+        args = _parity_inputs(model, image_shape, b)
+        feed = {name: a.numpy() for name, a in zip(names, args)}
+        errors[b] = relative_error(session.run(None, feed)[0], _reference(model, args))
     return errors
 
 
@@ -265,8 +309,8 @@ def pt2_parity(path: Path, model, image_shape: Tuple[int, ...], batches=(1, 3)) 
     loaded = torch.export.load(str(path)).module()
     errors = {}
     for b in batches:
-        x = torch.randn(b, *image_shape, generator=torch.Generator().manual_seed(b))
-        errors[b] = relative_error(_reference(loaded, x), _reference(model, x))
+        args = _parity_inputs(model, image_shape, b)
+        errors[b] = relative_error(_reference(loaded, args), _reference(model, args))
     return errors
 
 
@@ -279,5 +323,5 @@ def _report_parity(errors: Dict[int, float], runner: str) -> int:
     return 0 if ok else 1
 
 
-__all__ = ["FORMATS", "PARITY_RTOL", "add_parser", "build_model", "check_format", "export_program",
+__all__ = ["FORMATS", "PARITY_RTOL", "add_parser", "build_model", "check_format", "example_call", "export_program",
            "onnx_program", "onnxruntime_parity", "pt2_parity", "relative_error", "require_packages", "write_onnx"]

@@ -35,6 +35,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from ..ops._common import real_tensors
 from ..ops.index_sparse import IndexPattern, index_mask, index_pattern, index_sparse_attention, masked_index_attention
 from .base import AttentionProjections, TokenMixer
 from .longformer import positive_int, check_sparse_options, prefix_only_grid
@@ -110,13 +111,15 @@ class BigBirdAttention(AttentionProjections, TokenMixer):
             seed = int(torch.randint(0, 2 ** 62, ()))
         self.mode = mode
         self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
-        self.register_buffer("pattern_seed", torch.tensor(positive_int(seed, "seed", 0), dtype=torch.int64))
-        self._seed: Optional[int] = None          # the buffer read once (no device sync per forward)
+        seed = positive_int(seed, "seed", 0)
+        self.register_buffer("pattern_seed", torch.tensor(seed, dtype=torch.int64))
+        # the buffer's value as an int (no device sync per forward; torch.export cannot read a buffer)
+        self._seed: Optional[int] = seed
         self._cache: Dict[Tuple, object] = {}
         self.register_load_state_dict_post_hook(lambda module, keys: module._forget_pattern())
 
     def _forget_pattern(self) -> None:
-        self._seed = None
+        self._seed = None if self.pattern_seed.is_meta else int(self.pattern_seed)   # read now, outside tracing
         self._cache.clear()
 
     def pattern(self, num_tokens: int, device=None) -> IndexPattern:
@@ -125,8 +128,9 @@ class BigBirdAttention(AttentionProjections, TokenMixer):
             self._seed = int(self.pattern_seed)
         key = ("pattern", num_tokens, str(device), self._seed)
         if key not in self._cache:
-            # a cached tensor made under inference_mode could never be saved for a later backward
-            with torch.inference_mode(False):
+            # a cached tensor made under inference_mode could never be saved for a later backward, and one
+            # made while torch.export traces would be fake
+            with torch.inference_mode(False), real_tensors():
                 index = bigbird_index(num_tokens, self.num_heads, self.block_size, self.window_blocks,
                                       self.random_blocks, self._seed)
                 self._cache[key] = index_pattern(index, num_tokens, self.block_size).to(device or "cpu")
@@ -136,7 +140,7 @@ class BigBirdAttention(AttentionProjections, TokenMixer):
         pattern = self.pattern(num_tokens, device)
         key = ("mask", num_tokens, prefix, str(device), self._seed)
         if key not in self._cache:
-            with torch.inference_mode(False):
+            with torch.inference_mode(False), real_tensors():
                 self._cache[key] = index_mask(pattern, prefix, device)
         return self._cache[key]
 

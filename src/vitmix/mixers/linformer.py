@@ -89,6 +89,7 @@ class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
         if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
             raise ValueError(f"seq_len={seq_len!r} must be a positive integer (tokens, prefix included)")
         self.k, self.sharing = k, sharing
+        self._built_len: Optional[int] = None      # N once E/F exist: a plain int that compiled code can read
         self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
         self.compress_k = UninitializedParameter()
         self.compress_v = UninitializedParameter() if sharing != "kv" else None
@@ -106,8 +107,14 @@ class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
 
     @property
     def seq_len(self) -> Optional[int]:
-        """The token count N the projections were built for (``None`` until known)."""
-        return None if is_lazy(self.compress_k) else int(self.compress_k.shape[-1])
+        """The token count N the projections were built for (``None`` until known).
+
+        Remembered as a Python int once the projections exist, so a built layer's forward never calls
+        ``is_lazy`` (which torch.compile cannot trace); E/F materialised by ``load_state_dict`` into a
+        lazy layer are picked up at the first call."""
+        if self._built_len is None and not is_lazy(self.compress_k):
+            self._built_len = int(self.compress_k.shape[-1])
+        return self._built_len
 
     def _projection_shape(self, n: int):
         return (self.num_heads, self.k, n) if self.sharing == "none" else (self.k, n)
@@ -124,6 +131,7 @@ class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
                 if p is not None:
                     p.materialize(self._projection_shape(n))
                     p.uniform_(-bound, bound)
+        self._built_len = n
 
     def _drop_lazy_hooks(self) -> None:
         """Built outside a forward: remove torch's lazy-module hooks (its first forward would)."""

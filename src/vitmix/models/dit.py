@@ -299,11 +299,18 @@ class DiT(nn.Module):
         """The label of the unconditional (null) class, for classifier-free guidance."""
         return self.num_classes
 
-    def example_inputs(self, batch_size: int = 1) -> Tuple[Tensor, Tensor, Tensor]:
-        """Zeros ``x`` at the nominal size, timestep 0 and class 0: one call's arguments (FLOP counts)."""
-        x = torch.zeros(batch_size, self.in_chans, *self.patch_embed.img_size)
-        zeros = torch.zeros(batch_size, dtype=torch.long)
-        return x, zeros, zeros
+    def example_inputs(self, batch_size: int = 1,
+                       generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Tensor, Tensor]:
+        """One call's arguments ``(x, t, y)`` at the nominal size: zeros, timestep 0 and class 0 (FLOP
+        counts), or with a ``generator`` standard-normal ``x``, timesteps in ``0..999`` and labels in
+        ``0..num_classes`` (null class included; export checks)."""
+        shape = (batch_size, self.in_chans, *self.patch_embed.img_size)
+        if generator is None:
+            zeros = torch.zeros(batch_size, dtype=torch.long)
+            return torch.zeros(shape), zeros, zeros
+        x = torch.randn(shape, generator=generator)
+        t = torch.randint(0, 1000, (batch_size,), generator=generator)
+        return x, t, torch.randint(0, self.num_classes + 1, (batch_size,), generator=generator)
 
     def _check_inputs(self, x: Tensor, t: Optional[Tensor], y: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         if t is None or y is None:
@@ -321,10 +328,16 @@ class DiT(nn.Module):
         if t.shape != (x.shape[0],) or y.shape != (x.shape[0],):
             raise ValueError(f"t and y must be ({x.shape[0]},) like the batch, got {tuple(t.shape)} and "
                              f"{tuple(y.shape)}")
-        if y.dtype.is_floating_point or bool(((y < 0) | (y > self.num_classes)).any()):
+        if y.dtype.is_floating_point or (not torch.compiler.is_compiling() and self._labels_out_of_range(y)):
             raise ValueError(f"labels must be integers in 0..{self.num_classes} ({self.num_classes} = the null "
                              f"class), got {y.tolist()}")
         return t, y
+
+    def _labels_out_of_range(self, y: Tensor) -> bool:
+        """Whether a label lies outside ``0..num_classes``. It reads the label values, so it runs in eager
+        mode only: torch.compile / torch.export skip it (a Python branch on tensor data would break the
+        graph and keep export from tracing), and the embedding lookup is then the only check."""
+        return bool(((y < 0) | (y > self.num_classes)).any())
 
     def unpatchify(self, x: Tensor, hw: Tuple[int, int]) -> Tensor:
         """``(B, h·w, p·p·C)`` patch values → ``(B, C, h·p, w·p)`` images."""

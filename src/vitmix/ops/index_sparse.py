@@ -33,8 +33,11 @@ from ._common import compute_dtype, no_autocast
 
 __all__ = ["IndexPattern", "index_pattern", "index_sparse_attention", "masked_index_attention", "index_mask"]
 
-#: elements of one gathered ``(B, H, N, slots, d)`` chunk; bounds the working memory of the sparse path
-_CHUNK_ELEMENTS = 1 << 20
+#: elements per sample of one gathered ``(B, H, NB, slots, d)`` chunk; bounds the working memory of the
+#: sparse path (1 MiB per sample in float32: the former whole-batch bound at batch 4, and one chunk for
+#: BigBird's default 48 slots up to ViT-Tiny at 224²). Per sample, not per batch, so the chunking never
+#: reads the batch size (torch.export keeps the batch symbolic)
+_CHUNK_ELEMENTS_PER_SAMPLE = 1 << 18
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,8 +121,9 @@ def _flat_rows(index: torch.Tensor, n: int) -> torch.Tensor:
     return index.clamp_min(0) + (torch.arange(index.shape[0], device=index.device) * n)[:, None, None]
 
 
-def _chunks(b, h, nb, m, d):
-    step = max(1, _CHUNK_ELEMENTS // max(1, b * h * nb * d))
+def _chunks(h, nb, m, d):
+    """Slot ranges ``[lo, hi)`` whose gathered keys hold at most ``_CHUNK_ELEMENTS_PER_SAMPLE`` per sample."""
+    step = max(1, _CHUNK_ELEMENTS_PER_SAMPLE // max(1, h * nb * d))
     return [(s, min(s + step, m)) for s in range(0, m, step)]
 
 
@@ -142,7 +146,7 @@ def _scores(qblk, kpre, kflat, rows, valid, scale):
     s = qblk.new_full((b, h, nb, qb, p + m), float("-inf"))
     if p:
         s[..., :p] = (qblk @ kpre.transpose(-1, -2)[:, :, None]) * scale
-    for lo, hi in _chunks(b, h, nb, m, d):
+    for lo, hi in _chunks(h, nb, m, d):
         kg = _gather(kflat, rows[..., lo:hi], b, h, d)
         s[..., p + lo:p + hi] = (qblk @ kg.transpose(-1, -2)).mul_(scale).masked_fill_(
             ~valid[:, :, None, lo:hi], float("-inf"))
@@ -175,7 +179,7 @@ class _IndexAttention(torch.autograd.Function):
             lse = torch.logsumexp(s, dim=-1)
             w = _weights_(s, lse)
             out = w[..., :p] @ v[:, :, None, :p] if p else torch.zeros_like(qblk)
-            for lo, hi in _chunks(b, h, rows.shape[1], rows.shape[-1], d):
+            for lo, hi in _chunks(h, rows.shape[1], rows.shape[-1], d):
                 out += w[..., p + lo:p + hi] @ _gather(vflat, rows[..., lo:hi], b, h, d)
         out = out.view(b, h, -1, d)[:, :, :n]
         ctx.save_for_backward(qp, k, v, out, lse, index)
@@ -201,7 +205,7 @@ def _index_backward(qp, k, v, out, lse, index, dout, qb, p, scale):
     delta = (dblk * _blocks(out, qb)).sum(-1, keepdim=True)
     dq = torch.zeros_like(qblk)
     dkflat, dvflat = torch.zeros_like(kflat), torch.zeros_like(vflat)
-    for lo, hi in _chunks(b, h, rows.shape[1], rows.shape[-1], d):
+    for lo, hi in _chunks(h, rows.shape[1], rows.shape[-1], d):
         r = rows[..., lo:hi].reshape(-1)
         kg, vg = _gather(kflat, rows[..., lo:hi], b, h, d), _gather(vflat, rows[..., lo:hi], b, h, d)
         wc = w[..., p + lo:p + hi]
