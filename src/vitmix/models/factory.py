@@ -8,9 +8,10 @@ import timm
 import torch
 from torch import nn
 
-from ..mixers import TokenMixer, set_token_grid
+from ..mixers import TokenMixer
 from ..mixers.base import close_matches
 from ._builder import mixer_attn_layer
+from .vit import bind_token_grid
 
 
 def _entrypoint(name: str):
@@ -99,7 +100,7 @@ def _number_layers(model: nn.Module) -> None:
 
 
 def _check_patch_grid(model: nn.Module, name: str) -> None:
-    embed = getattr(model, "patch_embed", None)
+    embed = getattr(getattr(model, "model", model), "patch_embed", None)  # features_only: FeatureGetterNet
     img, patch = getattr(embed, "img_size", None), getattr(embed, "patch_size", None)
     if img is None or patch is None:
         return
@@ -108,5 +109,4 @@ def _check_patch_grid(model: nn.Module, name: str) -> None:
             f"image size {tuple(img)} of {name!r} is not divisible by its patch size {tuple(patch)}; "
             f"use a multiple of {tuple(patch)}"
         )
-    if not getattr(model, "dynamic_img_size", False) and hasattr(embed, "grid_size"):
-        set_token_grid(model, tuple(embed.grid_size), getattr(model, "num_prefix_tokens", None))
+    bind_token_grid(model)  # the real (non-square) grid: fixed, or per call with dynamic_img_size

@@ -21,6 +21,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 from ..mixers import timm_attn
 from ..mixers.fibottention import assign_layer_indices
 from ._builder import model_cfg
+from .vit import bind_token_grid
 
 __all__ = []  # models are reached through timm.create_model / vitmix.create_model
 
@@ -53,7 +54,7 @@ def _create_fibottention_vit(variant: str, pretrained: bool = False, mixer=None,
         VisionTransformer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=3, feature_cls="getter"), **kwargs,
     )
-    return assign_layer_indices(model)
+    return bind_token_grid(assign_layer_indices(model))
 
 
 @register_model

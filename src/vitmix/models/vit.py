@@ -3,12 +3,23 @@
 ImageNet-size models are timm's own (``deit_tiny_patch16_224`` ...): ``vitmix.create_model`` swaps
 their attention through ``attn_layer``. This file adds small-image configurations for the small
 datasets (8×8 digits, 28×28 Fashion-MNIST, 32×32 CIFAR), which timm does not ship.
+
+Dense features come from timm (``forward_intermediates``, ``features_only=True`` with the last 3
+blocks by default, every map at stride ``patch_size``). Spatial mixers need the token grid, which a
+flat ``(B, N, C)`` sequence does not carry: :func:`bind_token_grid` gives it to them, fixed for a
+fixed ``img_size`` (square or not) and per call for ``dynamic_img_size=True``.
 """
 from __future__ import annotations
 
+from functools import partial
+from typing import Tuple
+
+import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+from torch import nn
 
+from ..mixers import set_token_grid
 from ._builder import mixer_attn_layer, model_cfg
 
 _SMALL = dict(input_size=(3, 32, 32), num_classes=10, crop_pct=1.0, interpolation="bilinear",
@@ -21,12 +32,43 @@ default_cfgs = generate_default_cfgs({
 })
 
 
+def _set_grid_hook(vit: VisionTransformer, embed: nn.Module, args: Tuple, out: torch.Tensor) -> None:
+    """Forward hook of a dynamic-size ViT's patch embedding: its ``(B, H, W, C)`` output gives the grid.
+
+    Bound with ``functools.partial`` (not a closure) so ``copy.deepcopy`` (EMA) rebinds it to the copy."""
+    set_token_grid(vit, (out.shape[1], out.shape[2]), vit.num_prefix_tokens)
+
+
+def bind_token_grid(model: nn.Module) -> nn.Module:
+    """Give the vitmix mixers of a timm ``VisionTransformer`` (or of its ``features_only`` wrapper)
+    their token grid and prefix count, so spatial mixers see non-square grids correctly.
+
+    Fixed-size models get ``patch_embed.grid_size`` once; ``dynamic_img_size=True`` models get a
+    forward hook on the patch embedding that sets the grid of each call (in ``forward`` and
+    ``forward_intermediates`` alike). Without this a mixer infers a *square* grid after up to 16
+    prefix tokens, which can silently match a wrong layout (8×12 + CLS = 97 = 16 + 9×9).
+    Models without a ``patch_embed.grid_size`` are returned unchanged.
+    """
+    vit = getattr(model, "model", model)  # FeatureGetterNet keeps the wrapped model as .model
+    embed = getattr(vit, "patch_embed", None)
+    if embed is None or not hasattr(embed, "grid_size"):
+        return model
+    if getattr(vit, "dynamic_img_size", False):
+        if not getattr(embed, "_vitmix_grid_hook", False):
+            embed.register_forward_hook(partial(_set_grid_hook, vit))
+            embed._vitmix_grid_hook = True
+    else:
+        set_token_grid(vit, tuple(embed.grid_size), getattr(vit, "num_prefix_tokens", None))
+    return model
+
+
 def _create_vit(variant: str, pretrained: bool = False, mixer=None, mixer_options=None, **kwargs):
     kwargs.setdefault("attn_layer", mixer_attn_layer(mixer, mixer_options))
-    return build_model_with_cfg(
+    model = build_model_with_cfg(
         VisionTransformer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=3, feature_cls="getter"), **kwargs,
     )
+    return bind_token_grid(model)
 
 
 @register_model

@@ -18,17 +18,22 @@ Block ℓ is *dynamic* iff ``(ℓ + 2) % 3 == 0`` (ℓ = 1, 4, 7, 10, 13, 16), o
 
 Tokens stay ``(B, N, C)`` throughout; the depthwise convolutions read them through a channels-last
 ``(B, C, H, W)`` view, so no NCHW copies are made and the grid may be any ``H × W``.
+
+Dense features (``docs/dense-features.md``): ``forward_intermediates`` gives any blocks' outputs as
+``(B, C, H/p, W/p)`` maps, ``feature_info`` lists every block (stride ``p``), and
+``features_only=True`` wraps the model in timm's ``FeatureGetterNet`` (last 3 blocks by default).
 """
 from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Callable, Dict, Optional, Set, Tuple, Union
+from typing import Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, PatchEmbed, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
 from ..ops.dynamic import (
@@ -503,6 +508,71 @@ class WeightFormer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: Optional[Union[int, List[int]]] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
+        """Block outputs as dense maps, timm's ``forward_intermediates`` (as ``VisionTransformer``'s).
+
+        Every block keeps the stem's grid, so all maps have stride ``patch_size`` and ``embed_dim``
+        channels; the grid is ``H/p × W/p`` for any (non-square) input.
+
+        Args:
+            indices: the last ``n`` blocks if int, all blocks if ``None``, else the listed block indices.
+            norm: apply the final LayerNorm to every returned map.
+            stop_early: stop after the last requested block (the returned final features are then
+                that block's, normalised).
+            output_fmt: ``"NCHW"``, ``"NHWC"`` or ``"NLC"`` (tokens ``(B, H·W, C)``, row-major).
+            intermediates_only: return only the list of maps.
+
+        Returns:
+            ``(forward_features(x), maps)``, or ``maps`` when ``intermediates_only``.
+        """
+        if output_fmt not in ("NCHW", "NHWC", "NLC"):
+            raise ValueError(f"output_fmt={output_fmt!r} must be 'NCHW', 'NHWC' or 'NLC'")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self._check_input(x)
+        x = self.patch_embed(x)  # B, H, W, C
+        B, H, W, C = x.shape
+        x = self.init_norm(x.reshape(B, H * W, C))
+        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
+        maps = []
+        for i, blk in enumerate(blocks):
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = torch.utils.checkpoint.checkpoint(blk, x, (H, W), use_reentrant=False)
+            else:
+                x = blk(x, (H, W))
+            if i in take_indices:
+                maps.append(_format_map(self.norm(x) if norm else x, (H, W), output_fmt))
+        if intermediates_only:
+            return maps
+        return self.norm(x), maps
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """Drop the blocks after the last requested index (and the final norm / head if asked), as
+        timm's ``features_only=True`` does; returns the kept indices."""
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take_indices
+
+
+def _format_map(tokens: Tensor, hw: Tuple[int, int], output_fmt: str) -> Tensor:
+    """``(B, H·W, C)`` tokens in ``output_fmt`` (``NLC`` unchanged, ``NHWC`` a view, ``NCHW`` contiguous)."""
+    if output_fmt == "NLC":
+        return tokens
+    fmap = tokens.reshape(tokens.shape[0], hw[0], hw[1], tokens.shape[-1])
+    return fmap if output_fmt == "NHWC" else fmap.permute(0, 3, 1, 2).contiguous()
+
 
 # ----------------------------------------------------------------------------------------------
 # official checkpoints
@@ -560,8 +630,10 @@ def _create_weightformer(variant: str, pretrained: bool = False, **kwargs) -> We
                          "build it without them (WeightFormer mixes tokens with dynamic weights)")
     kwargs.pop("mixer", None)
     kwargs.pop("mixer_options", None)
+    # features_only=True: timm's FeatureGetterNet over forward_intermediates, the last 3 blocks by
+    # default (as timm's isotropic ViTs), every map at stride patch_size
     return build_model_with_cfg(WeightFormer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-                                **kwargs)
+                                feature_cfg=dict(out_indices=3, feature_cls="getter"), **kwargs)
 
 
 @register_model
