@@ -11,6 +11,7 @@ EPILOG = """examples:
   vitmix bench --mixers all --tokens 196,784,3136 --max-seconds 300 --out runs/bench-mixers
   vitmix bench --mixers soft,laplacian,softmax:fused=false --dim 384 --heads 6 --passes fwd+bwd
   vitmix bench --models soft_tiny,laplacianformer_tiny --sizes 224,448 --dtype bf16
+  vitmix bench --mixers softmax,laplacian --tokens 196,784 --compile
 
 Mixer options go after the name: NAME:key=value:key=value. The softmax baseline is always
 included; every row shows its speed-up and memory ratio against it."""
@@ -56,6 +57,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: all, torch.get_num_threads())")
+    p.add_argument("--compile", action="store_true",
+                   help="also time each point under torch.compile: compiled ms, compile seconds (first call, "
+                        "not in the median) and the compiled / eager ratio")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend for --compile (default inductor)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results", help="results directory (default ./bench-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -69,6 +75,8 @@ def config_from_args(args) -> BenchConfig:
         raise ValueError("--sizes is for --models; use --tokens with --mixers")
     if kind == "models" and args.tokens:
         raise ValueError("--tokens is for --mixers; use --sizes with --models")
+    if args.compile_backend != "inductor" and not args.compile:
+        raise ValueError("--compile-backend is for --compile; add --compile")
     names = (args.mixers or args.models).split(",")
     return BenchConfig(
         kind=kind, names=names, sizes=args.tokens if kind == "mixers" else args.sizes,
@@ -77,6 +85,7 @@ def config_from_args(args) -> BenchConfig:
         max_seconds=args.max_seconds, max_memory_gb=args.max_memory_gb, min_run_time=args.min_run_time,
         device=args.device, baseline_model=args.baseline_model, seed=args.seed,
         measure_memory=not args.no_memory, measure_flops=not args.no_flops, threads=args.threads,
+        compile=args.compile, compile_backend=args.compile_backend,
     )
 
 

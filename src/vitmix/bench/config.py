@@ -52,6 +52,10 @@ class BenchConfig:
         baseline_model: the softmax model every model is compared with (models mode).
         measure_memory, measure_flops: turn the slower measurements off.
         threads: CPU threads for the sweep (default: all of ``torch.get_num_threads()``).
+        compile: also time every point under ``torch.compile`` (``compile_backend``); the rows gain the
+            compiled median, the first call's seconds (compilation) and the compiled / eager ratio.
+        compile_backend: the ``torch.compile`` backend (default ``"inductor"``; ``"eager"`` or
+            ``"aot_eager"`` only trace, which is what the tests use to stay fast).
     """
 
     kind: str
@@ -71,6 +75,8 @@ class BenchConfig:
     measure_memory: bool = True
     measure_flops: bool = True
     threads: Optional[int] = None
+    compile: bool = False
+    compile_backend: str = "inductor"
 
 
 @dataclass
@@ -87,5 +93,8 @@ class SweepResult:
     def to_dict(self) -> dict:
         cfg = asdict(self.config)
         cfg["passes"] = list(cfg["passes"])
+        if not self.config.compile:  # a sweep without --compile writes what it always wrote
+            cfg.pop("compile")
+            cfg.pop("compile_backend")
         return {"environment": self.environment, "config": cfg, "stopped_early": self.stopped_early,
                 "elapsed_s": round(self.elapsed_s, 2), "notes": self.notes, "rows": self.rows}

@@ -15,6 +15,14 @@ COLUMNS = [
     "gflops", "gflops_analytic", "flops_source", "params", "speedup_vs_softmax", "memory_vs_softmax",
     "flops_vs_softmax", "baseline", "timing_method", "note",
 ]
+#: the columns ``--compile`` adds (before ``note``): the point timed again under ``torch.compile``
+COMPILE_COLUMNS = ["compile_status", "compiled_median_ms", "compiled_iqr_ms", "compiled_vs_eager", "compile_s",
+                   "graph_breaks"]
+
+
+def columns(config: BenchConfig) -> List[str]:
+    """The CSV columns of a sweep: :data:`COLUMNS`, plus :data:`COMPILE_COLUMNS` with ``--compile``."""
+    return COLUMNS[:-1] + COMPILE_COLUMNS + COLUMNS[-1:] if config.compile else list(COLUMNS)
 
 
 def fit_slope(xs: Sequence[float], ys: Sequence[float]) -> Optional[float]:
@@ -64,12 +72,37 @@ def environment_lines(result: SweepResult) -> List[str]:
     ]
 
 
-def markdown_table(rows: List[dict], kind: str) -> str:
-    """A markdown table of the rows, ratios against the softmax baseline included."""
+def markdown_table(rows: List[dict], kind: str, compiled: bool = False) -> str:
+    """A markdown table of the rows, ratios against the softmax baseline included; ``compiled`` adds the
+    ``torch.compile`` columns (compiled median, compiled / eager, seconds of the first compiled call)."""
     size_col = "N" if kind == "mixer" else "image"
     header = [size_col, "pass", "name", "median ms", "throughput", "peak MiB", "GFLOPs",
               "speed-up vs softmax", "memory vs softmax", "status / note"]
-    return _markdown(header, (_table_cells(r) for r in rows))
+    if not compiled:
+        return _markdown(header, (_table_cells(r) for r in rows))
+    header[4:4] = ["compiled ms", "compiled / eager", "compile s"]
+    return _markdown(header, (_with_compile_cells(_table_cells(r), r) for r in rows))
+
+
+def _with_compile_cells(cells: List[str], r: dict) -> List[str]:
+    ratio = f"{r['compiled_vs_eager']:.2f}×" if r.get("compiled_vs_eager") else ""
+    cells[4:4] = [_fmt(r.get("compiled_median_ms")), ratio, _fmt(r.get("compile_s"))]
+    return cells
+
+
+def compile_summary(rows: List[dict]) -> List[str]:
+    """Lines saying in how many rows the compiled layer was not slower than eager, and which were."""
+    timed = [r for r in rows if r.get("compiled_vs_eager")]
+    failed = [r for r in rows if r.get("compile_status") == "failed"]
+    slower = [r for r in timed if r["compiled_vs_eager"] > 1.0]
+    lines = [f"- compiled not slower than eager (compiled / eager ≤ 1) in {len(timed) - len(slower)} of "
+             f"{len(timed)} compiled rows"]
+    if slower:
+        lines.append("- slower compiled: " + ", ".join(
+            f"{r['name']} {r['size']} {r['pass']} ({r['compiled_vs_eager']:.2f}×)" for r in slower))
+    if failed:
+        lines.append("- compile failed: " + ", ".join(f"{r['name']} {r['size']} {r['pass']}" for r in failed))
+    return lines
 
 
 def _table_cells(r: dict) -> List[str]:
@@ -200,7 +233,7 @@ def write_results(result: SweepResult, out_dir: str, command: Optional[str] = No
     rows = result.rows
     kind = "mixer" if result.config.kind == "mixers" else "model"
     paths = []
-    paths.append(write_csv(os.path.join(out_dir, "results.csv"), rows, COLUMNS))
+    paths.append(write_csv(os.path.join(out_dir, "results.csv"), rows, columns(result.config)))
     json_path = os.path.join(out_dir, "results.json")
     payload = result.to_dict()
     payload["command"] = command
@@ -242,9 +275,14 @@ def markdown_report(result: SweepResult, command: Optional[str], plot_names: Seq
         parts.append("Layer options: " + "; ".join(f"`{n}`: {o}" for n, o in opts.items())
                      + " (token sweeps fix the landmark count so the cost per token is constant).")
     parts += ["† = FLOPs from the mixer's analytic formula (the counter saw less).", ""]
+    if cfg.compile:
+        parts += [f"Compiled: the same point timed again through `torch.compile(backend={cfg.compile_backend!r})`; "
+                  "compiled / eager < 1 is faster compiled; compile s = the first compiled call (tracing and "
+                  "code generation), not in the median. Memory and FLOPs are the eager ones.", ""]
+        parts += compile_summary(result.rows) + [""]
     for note in result.notes:
         parts += [f"**Note:** {note}", ""]
-    parts += [markdown_table(result.rows, kind), ""]
+    parts += [markdown_table(result.rows, kind, cfg.compile), ""]
     slopes = slope_table(result.rows, kind)
     if slopes:
         names = sorted({(k[1], k[2]) for k in slopes}, key=lambda t: (t[1], t[0]))
@@ -260,8 +298,10 @@ def markdown_report(result: SweepResult, command: Optional[str], plot_names: Seq
 def summary_text(result: SweepResult) -> str:
     """The table printed at the end of ``vitmix bench``."""
     kind = "mixer" if result.config.kind == "mixers" else "model"
-    return "\n".join(environment_lines(result) + ["", markdown_table(result.rows, kind)])
+    compiled = result.config.compile
+    lines = environment_lines(result) + ["", markdown_table(result.rows, kind, compiled)]
+    return "\n".join(lines + ([""] + compile_summary(result.rows) if compiled else []))
 
 
 __all__ = ["write_results", "load_results", "markdown_table", "markdown_report", "summary_text", "fit_slope", "plot",
-           "slope_table", "loglog_panels", "COLUMNS"]
+           "slope_table", "loglog_panels", "COLUMNS", "COMPILE_COLUMNS", "columns", "compile_summary"]

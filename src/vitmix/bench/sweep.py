@@ -7,12 +7,14 @@ same target's previous sizes (log–log slope of the last two points, quadratic 
 known): a point predicted not to fit the remaining ``max_seconds`` budget or ``max_memory_gb`` is
 skipped with a note; out-of-memory errors and sizes a model or mixer rejects (``ValueError``) are
 skipped with the reason. Once the budget is spent the sweep stops and marks the rest as not run.
+With ``compile=True`` each measured point is timed a second time through ``torch.compile``
+(:func:`_measure_compiled`); a mixer that fails to compile keeps its eager row with a one-line note.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -139,6 +141,18 @@ def validate(config: BenchConfig) -> None:
         raise ValueError(f"device must be auto, cpu or cuda, got {config.device!r}")
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device cuda requested but torch.cuda.is_available() is False; use --device cpu")
+    if config.compile:
+        _check_compile_backend(config.compile_backend)
+
+
+def _check_compile_backend(name: str) -> None:
+    """``ValueError`` with close matches for a backend ``torch.compile`` does not know."""
+    from torch._dynamo import list_backends
+
+    backends = list_backends(exclude_tags=())
+    if name not in backends:
+        raise ValueError(f"unknown torch.compile backend {name!r}." + close_matches(name, backends)
+                         + " Common ones: inductor, aot_eager, eager")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -398,7 +412,7 @@ def _run_point(sweep: _Sweep, builder, size: int, target: Target, pass_name: str
     if key in sweep.blocked:
         row.update(status="skipped", note=sweep.blocked[key])
         return row
-    hist = sweep.history.setdefault(key, {"time": [], "mem": []})
+    hist = sweep.history.setdefault(key, {"time": [], "mem": [], "compile_s": 0.0})
     x_scale = size if config.kind == "mixers" else size * size
     skip = _predicted_skip(sweep, hist, x_scale, remaining)
     if skip is not None:
@@ -410,6 +424,7 @@ def _run_point(sweep: _Sweep, builder, size: int, target: Target, pass_name: str
         hist["time"].append((x_scale, row["median_ms"] / 1e3))
         if row.get("peak_mib"):
             hist["mem"].append((x_scale, row["peak_mib"] * 2 ** 20))
+        hist["compile_s"] = row.get("compile_s") or hist["compile_s"]
     return row
 
 
@@ -420,8 +435,11 @@ def _predicted_skip(sweep: _Sweep, hist: dict, x_scale: float, remaining: float)
     m_pred = _extrapolate(hist["mem"], x_scale)
     # warm-up + at least 3 timed calls, + one FLOP-counting and one memory-tracking call
     calls = 4 + int(config.measure_flops) + int(config.measure_memory)
-    if t_pred is not None and t_pred * calls + config.min_run_time > remaining:
-        return (f"predicted ~{t_pred * calls + config.min_run_time:.0f} s for this point exceeds the "
+    need = None if t_pred is None else t_pred * calls + config.min_run_time
+    if need is not None and config.compile:  # the last compilation again, then warm-up + 3 compiled calls
+        need += hist["compile_s"] + t_pred * 4 + config.min_run_time
+    if need is not None and need > remaining:
+        return (f"predicted ~{need:.0f} s for this point exceeds the "
                 f"remaining budget of {remaining:.0f} s",
                 "a smaller size was already predicted to exceed the time budget")
     if m_pred is not None and sweep.mem_limit and m_pred > sweep.mem_limit:
@@ -483,7 +501,56 @@ def _measure_point(row: dict, builder, target: Target, size: int, pass_name: str
     row["throughput"] = point.work_items / timing.median_s
     row["throughput_unit"] = point.unit
     row["timing_method"] = timing.method
+    if config.compile:
+        _measure_compiled(row, point, pass_name, config, device)
     del point, fn
+
+
+def _measure_compiled(row: dict, point: _Point, pass_name: str, config: BenchConfig, device) -> None:
+    """Time the same point again through ``torch.compile(module, backend=config.compile_backend)``.
+
+    The first compiled call (tracing and code generation) is ``compile_s``, kept out of the median, and
+    the graph breaks dynamo reported are counted. Any failure to compile or run compiled is a result,
+    not a crash: the row keeps its eager numbers and says in one line why compiling failed.
+    """
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # a fresh cache per point: no recompile limit, no shapes made dynamic by earlier sizes
+    breaks_before = sum(counters["graph_break"].values())
+    try:
+        compiled = torch.compile(point.module, backend=config.compile_backend)
+        fn = _make_fn(replace(point, call=compiled), pass_name, device, config.dtype)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        compile_s = time.perf_counter() - start
+        graph_breaks = sum(counters["graph_break"].values()) - breaks_before
+        timing = time_call(fn, device, min_run_time=config.min_run_time)
+    except Exception as err:  # noqa: BLE001  (compilers raise many types; each is one line in the row)
+        message = "compile failed: " + _one_line(err)
+        row.update(compile_status="failed", note="; ".join(x for x in (row.get("note"), message) if x))
+        return
+    finally:
+        torch._dynamo.reset()  # drop the compiled graphs (and the module they hold)
+    row.update(compile_status="ok", compile_s=compile_s, compiled_median_ms=timing.median_s * 1e3,
+               compiled_iqr_ms=timing.iqr_s * 1e3, compiled_vs_eager=timing.median_s * 1e3 / row["median_ms"],
+               graph_breaks=graph_breaks)
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: first line`` of an error, naming the original error a compiler wrapped (e.g. dynamo's
+    ``BackendCompilerFailed: backend='inductor' raised:`` says nothing by itself)."""
+    root, seen = err, {id(err)}
+    while True:  # dynamo keeps the backend's error as ``inner_exception``, others chain it as the cause
+        inner = getattr(root, "inner_exception", None) or root.__cause__
+        if not isinstance(inner, BaseException) or id(inner) in seen:
+            break
+        root = inner
+        seen.add(id(inner))
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    text = f"{type(root).__name__}: {lines[0][:200] if lines else ''}"
+    return text if root is err else f"{type(err).__name__} ({text})"
 
 
 def _add_ratios(rows: List[dict]) -> None:
