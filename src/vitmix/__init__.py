@@ -60,4 +60,5 @@ if "timm" in sys.modules:
 elif not any(isinstance(f, _RegisterWhenTimmLoads) for f in sys.meta_path):
     sys.meta_path.insert(0, _RegisterWhenTimmLoads())
 
-__all__ = ["create_model", "load_model", "create_mixer", "list_mixers", "list_models", "mixers", "timm_attn", "__version__"]
+__all__ = ["create_model", "load_model", "create_mixer", "list_mixers", "list_models", "mixers", "timm_attn",
+           "__version__"]

@@ -72,5 +72,6 @@ def model_table(names) -> str:
         with torch.no_grad():
             flops = count_flops(lambda m=model, i=inputs: m(*i)).total
         params = sum(p.numel() for p in model.parameters())
-        rows.append(f"| `{name}` | {size[1]}×{size[2]} | {', '.join(kinds)} | {params / 1e6:.2f}M | {flops / 2e9:.2f} |")
+        rows.append(f"| `{name}` | {size[1]}×{size[2]} | {', '.join(kinds)} | {params / 1e6:.2f}M "
+                    f"| {flops / 2e9:.2f} |")
     return "\n".join(rows)

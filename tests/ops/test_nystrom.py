@@ -9,7 +9,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _memory import peak_memory_mib  # noqa: E402
 
 from vitmix.ops import _l1, kernel_attention_reference, nystrom_attention, nystrom_attention_reference  # noqa: E402
-from vitmix.ops import nystrom as nystrom_module  # noqa: E402
 
 D64 = torch.float64
 NORMS = [None, "soft_norm", "injective"]
@@ -84,7 +83,8 @@ def test_c_kernel_fast_path_matches_reference(monkeypatch):
         torch.testing.assert_close(a, r.float(), rtol=1e-4, atol=1e-4 * r.abs().max().item())
 
 
-@pytest.mark.parametrize("kernel,normalization", [("laplacian", "injective"), ("gaussian", "soft_norm"), ("gaussian", None)])
+@pytest.mark.parametrize("kernel,normalization",
+                         [("laplacian", "injective"), ("gaussian", "soft_norm"), ("gaussian", None)])
 def test_gradcheck_float64(kernel, normalization):
     q, k, v, lq, lk = [t.requires_grad_() for t in _inputs(1, 2, 9, 3, 3, dv=2, seed=7)]
 
@@ -106,7 +106,7 @@ def test_all_tokens_as_landmarks_and_exact_inverse_equals_kernel_attention(kerne
 
 def test_approximation_error_falls_as_landmarks_grow():
     torch.manual_seed(9)
-    n, d = 256, 8
+    n = 256
     # tokens on a smooth 2-D manifold (like image features): the kernel matrix has a fast-decaying spectrum
     t = torch.rand(1, 1, n, 2, dtype=D64)
     q = torch.cat([torch.sin(3 * t), torch.cos(2 * t), t, t ** 2], -1) * 1.5
@@ -122,7 +122,8 @@ def test_approximation_error_falls_as_landmarks_grow():
     assert errors[2] < 0.02 * errors[0], errors  # measured 0.51 -> 0.13 -> 0.0033
 
 
-@pytest.mark.parametrize("kernel,normalization", [("laplacian", "injective"), ("gaussian", None), ("gaussian", "soft_norm")])
+@pytest.mark.parametrize("kernel,normalization",
+                         [("laplacian", "injective"), ("gaussian", None), ("gaussian", "soft_norm")])
 def test_bf16_autocast_finite_outputs_and_grads(kernel, normalization):
     q, k, v, lq, lk = [t.float().requires_grad_() for t in _inputs(2, 2, 64, 16, 16, seed=10)]
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -197,7 +198,8 @@ def test_bad_input_raises_value_error():
         nystrom_attention(q, k, v, torch.randn(2, 3, 4, 4, dtype=D64), lk)
 
 
-@pytest.mark.parametrize("hw,out", [((8, 8), (4, 4)), ((9, 7), (4, 3)), ((64, 64), (7, 7)), ((5, 6), (5, 6)), ((3, 4), (1, 1))])
+@pytest.mark.parametrize("hw,out",
+                         [((8, 8), (4, 4)), ((9, 7), (4, 3)), ((64, 64), (7, 7)), ((5, 6), (5, 6)), ((3, 4), (1, 1))])
 def test_avg_pool_landmarks_matches_adaptive_avg_pool2d(hw, out):
     from vitmix.ops import avg_pool_landmarks
 

@@ -169,7 +169,7 @@ def test_torchrun_two_processes_equal_one_process_at_the_same_global_batch(tmp_p
     for a, b in zip(m_ddp, m_one):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5, abs=1e-6)
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5, abs=1e-6)
-    wa, wb = load_file(str(tmp_path / "ddp" / "last.safetensors")), load_file(str(tmp_path / "one" / "last.safetensors"))
+    wa, wb = (load_file(str(tmp_path / run / "last.safetensors")) for run in ("ddp", "one"))
     # fp32 rounding of the two-way gradient average, over 10 AdamW steps of lr 2e-3: Adam divides by
     # sqrt(v), so on weights whose gradients are ~0 a rounding difference moves the step by up to a few
     # % of lr (observed 1.2e-5 on an Intel AVX-512 CPU); a wrong split or LR would differ by ~lr (2e-3).
@@ -231,8 +231,8 @@ def test_ema_fp16_channels_last_and_load_model(tmp_path):
     import vitmix
 
     out = tmp_path / "ema"
-    train(TrainConfig(**dict(TINY, epochs=2, max_steps=6, train_subset=256), ema_decay=0.5, amp=True, amp_dtype="float16",
-                      channels_last=True, out=str(out)), log=lambda *a: None)
+    train(TrainConfig(**dict(TINY, epochs=2, max_steps=6, train_subset=256), ema_decay=0.5, amp=True,
+                      amp_dtype="float16", channels_last=True, out=str(out)), log=lambda *a: None)
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= h["val_acc_ema"] <= 100 for h in history)
     assert (out / "ema.safetensors").is_file()
@@ -265,7 +265,7 @@ def test_compile_failure_falls_back_to_eager_with_the_same_results(tmp_path, mon
     with pytest.warns(RuntimeWarning, match="torch.compile failed .*InductorError: no working C"):
         train(TrainConfig(**base, compile=True, out=str(tmp_path / "compiled")), log=lambda *a: None)
     assert len(calls) == 1                      # tried once, then eager for good
-    a, b = load_file(str(tmp_path / "eager" / "last.safetensors")), load_file(str(tmp_path / "compiled" / "last.safetensors"))
+    a, b = (load_file(str(tmp_path / run / "last.safetensors")) for run in ("eager", "compiled"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -289,7 +289,8 @@ def test_keep_top_k_keeps_the_best_epochs(tmp_path):
                     log=lambda *a: None)
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     best = sorted(history, key=lambda h: (-h["val_acc"], h["epoch"]))[:2]
-    assert sorted(p.name for p in (out / "top").iterdir()) == sorted(f"epoch-{h['epoch']:03d}.safetensors" for h in best)
+    expected = sorted(f"epoch-{h['epoch']:03d}.safetensors" for h in best)
+    assert sorted(p.name for p in (out / "top").iterdir()) == expected
     assert summary["epochs_run"] == 4
     assert set(load_state(out / "state.pt")["files"]) >= {f"top/epoch-{h['epoch']:03d}.safetensors" for h in best}
 
@@ -325,7 +326,8 @@ def test_tensorboard_logs_every_epoch_metric_or_says_what_to_install(tmp_path, m
     assert logged[0] == ("dir", str(out / "tensorboard"))
     assert {("val_acc", 1), ("val_acc", 2), ("train_loss", 2), ("lr", 1)} <= set(logged)
 
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
     with pytest.raises(ValueError, match="pip install tensorboard"):
         runner.check_numbers(TrainConfig(tensorboard=True))
 

@@ -38,7 +38,7 @@ import torch
 from ..ops._common import real_tensors
 from ..ops.index_sparse import IndexPattern, index_mask, index_pattern, index_sparse_attention, masked_index_attention
 from .base import AttentionProjections, TokenMixer
-from .longformer import positive_int, check_sparse_options, prefix_only_grid
+from .longformer import PrefixOnlyGrid, check_sparse_options, positive_int, prefix_only_grid
 from .registry import register_mixer
 
 __all__ = ["BigBirdAttention", "bigbird_index"]
@@ -78,7 +78,7 @@ def bigbird_index(num_tokens: int, num_heads: int, block_size: int = 8, window_b
 
 
 @register_mixer("bigbird")
-class BigBirdAttention(AttentionProjections, TokenMixer):
+class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
     """BigBird window + global + random block attention (Zaheer et al., 2020), sparse, O(N·block).
 
     Args:
@@ -143,13 +143,6 @@ class BigBirdAttention(AttentionProjections, TokenMixer):
             with torch.inference_mode(False), real_tensors():
                 self._cache[key] = index_mask(pattern, prefix, device)
         return self._cache[key]
-
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
-                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
-        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works."""
-        if x.dim() == 3:
-            hw, num_prefix_tokens = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
-        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix = grid[0]

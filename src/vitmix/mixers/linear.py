@@ -55,7 +55,8 @@ class LinearAttention(AttentionProjections, TokenMixer):
 
     def analytic_flops(self, batch: int, n: int) -> int:
         c, h, d = self.dim, self.num_heads, self.head_dim
-        return 2 * batch * n * c * 4 * c + batch * h * (4 * n * d * d + 2 * n * d)   # qkv+proj, φ(K)ᵀV, φ(Q)·(..), φ(Q)·Σφ(k)
+        # qkv + proj, then φ(K)ᵀV, φ(Q)·(φ(K)ᵀV) and the normaliser φ(Q)·Σφ(k)
+        return 2 * batch * n * c * 4 * c + batch * h * (4 * n * d * d + 2 * n * d)
 
     @torch.no_grad()
     def attention_map(self, x: torch.Tensor, **grid) -> torch.Tensor:

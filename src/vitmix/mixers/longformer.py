@@ -38,7 +38,7 @@ from ..ops.sparse_diagonal import BACKENDS, diagonal_plan, masked_diagonal_atten
 from .base import AttentionProjections, TokenMixer, close_matches
 from .registry import register_mixer
 
-__all__ = ["LongformerAttention", "window_offsets", "prefix_only_grid", "SPARSE_MODES"]
+__all__ = ["LongformerAttention", "PrefixOnlyGrid", "window_offsets", "prefix_only_grid", "SPARSE_MODES"]
 
 #: how a sparse baseline applies its pattern: truly sparse, or dense with -inf outside it
 SPARSE_MODES = ("sparse", "masked")
@@ -63,6 +63,17 @@ def prefix_only_grid(mixer: TokenMixer, n_tokens: int, hw, num_prefix_tokens):
     return hw, prefix
 
 
+class PrefixOnlyGrid:
+    """Mixin (before ``TokenMixer``) for mixers that need only the prefix count, not the 2-D grid."""
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
+                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
+        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works."""
+        if x.dim() == 3:
+            hw, num_prefix_tokens = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
+        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
+
+
 def check_sparse_options(name: str, mode: str, backend: Optional[str], attn_drop: float) -> None:
     """Shared checks of the sparse baselines' ``mode``/``backend``/``attn_drop``."""
     choices = (("mode", mode, SPARSE_MODES),) + ((("backend", backend, BACKENDS),) if backend is not None else ())
@@ -82,7 +93,7 @@ def positive_int(value, name: str, minimum: int) -> int:
 
 
 @register_mixer("longformer")
-class LongformerAttention(AttentionProjections, TokenMixer):
+class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
     """Longformer sliding-window + global attention (Beltagy et al., 2020), sparse, O(N·radius).
 
     Args:
@@ -125,13 +136,6 @@ class LongformerAttention(AttentionProjections, TokenMixer):
             self._cache[key] = (diagonal_plan(offsets, num_tokens, device) if kind == "plan"
                                 else offsets_mask(offsets, num_tokens, prefix, device=device))
         return self._cache[key]
-
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
-                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
-        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works."""
-        if x.dim() == 3:
-            hw, num_prefix_tokens = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
-        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix = grid[0]
