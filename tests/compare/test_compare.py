@@ -163,3 +163,14 @@ def test_corruptions_are_added_without_retraining(compared, monkeypatch):
     assert (out / "softmax" / "result.json").read_text() == before
     assert main([*args[:-1], "40"]) == 0
     assert json.loads((out / "softmax" / "result.json").read_text())["corruption_settings"]["images"] == 40
+
+
+def test_remeasure_updates_costs_and_keeps_accuracy(compared, monkeypatch):
+    out, _ = compared
+    before = json.loads((out / "softmax" / "result.json").read_text())
+    monkeypatch.setattr(runner, "train", lambda *a, **k: pytest.fail("remeasure retrained"))
+    monkeypatch.setattr(runner, "measure_model", lambda *a, **k: {"latency_ms": 123.0, "train_images_per_s": 7.0})
+    assert main(["compare", *TINY, "--mixers", "softmax", "--out", str(out), "--remeasure"]) == 0
+    after = json.loads((out / "softmax" / "result.json").read_text())
+    assert (after["latency_ms"], after["train_images_per_s"]) == (123.0, 7.0)
+    assert after["top1"] == before["top1"] and after["params"] == before["params"]

@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--severities", default="1,2,3,4,5", help="corruption severities (default 1,2,3,4,5)")
     p.add_argument("--corruption-images", type=int, metavar="N",
                    help="measure corruptions on a fixed seeded subset of N validation images (default: all)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure the cost columns of finished entries again, e.g. on a quiet machine (no retraining)")
     add_config_flags(p, exclude=("out", "resume", "mixer"))
     p.set_defaults(func=run)
 
@@ -55,7 +57,7 @@ def run(args) -> int:
     base = config_from_args(args)
     mixers, models = _names(args.mixers), _names(args.models)
     out = args.out or f"runs/compare/{base.model}-{base.data}"
-    rows = run_compare(base, mixers, models, out, corruption_options(args))
+    rows = run_compare(base, mixers, models, out, corruption_options(args), remeasure=args.remeasure)
     from .leaderboard import markdown
 
     print("\n" + markdown(rows, f"{base.model} on {base.data}").split("\n", 2)[2])

@@ -65,14 +65,21 @@ def write_csv_table(rows: Sequence[dict], path: Path) -> Path:
     return path
 
 
+def _colors(rows: Sequence[dict]) -> dict:
+    """One distinct colour per entry, the same in every plot (tab20: distinct up to 20 entries)."""
+    cmap = plt.get_cmap("tab20")
+    return {r["entry"]: cmap(i % 20) for i, r in enumerate(rows)}
+
+
 def plot_accuracy_vs_throughput(rows: Sequence[dict], path: Path) -> Optional[Path]:
     """Top-1 against training throughput, one labelled point per entry that trained."""
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return None
     fig, ax = plt.subplots(figsize=(7, 5))
+    colors = _colors(rows)
     for r in ok:
-        ax.scatter(r["train_images_per_s"], r["top1"], s=40)
+        ax.scatter(r["train_images_per_s"], r["top1"], s=40, color=colors[r["entry"]])
         ax.annotate(r["entry"], (r["train_images_per_s"], r["top1"]), textcoords="offset points", xytext=(4, 4),
                     fontsize=8)
     ax.set(xlabel="training throughput (images/s)", ylabel="top-1 accuracy (%)", title="accuracy vs throughput")
@@ -89,11 +96,12 @@ def plot_loss_curves(rows: Sequence[dict], path: Path) -> Optional[Path]:
     if not ok:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    colors = _colors(rows)
     for key, ax, title in zip(("train_loss", "val_loss", "val_acc"), axes,
                               ("training loss", "validation loss", "validation top-1 (%)")):
         for r in ok:
             values = r["curves"][key]
-            ax.plot(range(1, len(values) + 1), values, "o-", ms=3, label=r["entry"])
+            ax.plot(range(1, len(values) + 1), values, "o-", ms=3, label=r["entry"], color=colors[r["entry"]])
         ax.set(xlabel="epoch", title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -112,14 +120,20 @@ def write_leaderboard(rows: Sequence[dict], out, base=None, environment: Optiona
     out.mkdir(parents=True, exist_ok=True)
     env = environment or machine()
     recipe = base.to_dict() if base is not None else {}
-    notes = [f"Model `{recipe.get('model')}` on `{recipe.get('data')}`, {recipe.get('epochs')} epochs, seed "
+    notes = ([f"Model `{recipe.get('model')}` on `{recipe.get('data')}`, {recipe.get('epochs')} epochs, seed "
              f"{recipe.get('seed')}, the same recipe for every entry (`compare.yaml`).",
              f"{env['device_name']}, {env['torch_threads']} threads, 1-min load {env['load_average_1m']}, torch "
-             f"{env['torch']}, {env['date_utc']}. Throughput and latency are wall times on this machine under that "
-             "load; FLOPs are forward FLOPs per image (1 multiply-accumulate = 2); peak train MB is one forward + "
-             "backward at the training batch size."] if recipe else []
-    if any("corruption_acc" in r for r in rows):
-        notes.append("corrupted %: mean top-1 over the corruptions and severities of `vitmix eval --corruptions`.")
+             f"{env['torch']}, {env['date_utc']}. Train img/s (one forward + backward at the training batch size) "
+             "and batch-1 latency are medians of timed calls on this machine under that load; FLOPs are forward "
+             "FLOPs per image (1 multiply-accumulate = 2); peak train MB is that training step's peak memory."]
+             if recipe else [])
+    settings = next((r["corruption_settings"] for r in rows if r.get("corruption_settings")), None)
+    if settings:
+        names = settings["corruptions"]
+        notes.append(f"corrupted %: mean top-1 over {len(names)} corruptions ({', '.join(names)}) at severities "
+                     f"{', '.join(map(str, settings['severities']))} on "
+                     f"{settings.get('images') or 'all'} validation images, seed {settings['seed']} "
+                     "(`vitmix eval --corruptions`; each entry's table in its run directory).")
     title = "Leaderboard" + (f": {recipe.get('model')} on {recipe.get('data')}" if recipe else "")
     paths = [out / "leaderboard.md", out / "leaderboard.csv", out / "leaderboard.json"]
     save_text(paths[0], markdown(rows, title, notes))

@@ -158,8 +158,10 @@ def train_entry(entry: Entry, log, on_epoch) -> dict:
 
 
 def measure_model(model: nn.Module, img_size: int, in_chans: int, batch_size: int, device="cpu") -> dict:
-    """Cost of a model at its input size: parameters, forward FLOPs per image, batch-1 inference
-    latency, and the peak memory of one training step (forward + backward) at ``batch_size``."""
+    """Cost of a model at its input size, all measured the same way for every entry: parameters,
+    forward FLOPs per image, batch-1 inference latency, training throughput (images/s of one
+    forward + backward at ``batch_size``, timed with :func:`vitmix.bench.time_call`) and that step's
+    peak memory."""
     from ..bench.flops import count_flops
     from ..bench.memory import peak_memory
     from ..bench.timing import time_call
@@ -177,15 +179,30 @@ def measure_model(model: nn.Module, img_size: int, in_chans: int, batch_size: in
         model(batch).float().sum().backward()
 
     memory = peak_memory(step, device, track=[model, batch])
+    step_time = time_call(step, device=device, min_run_time=0.5, min_samples=3)
     model.zero_grad(set_to_none=True)
     peak_mb = memory.peak_bytes / 2**20 if memory.peak_bytes is not None else None
     return {"params": sum(p.numel() for p in model.parameters()), "gflops": flops / 1e9,
-            "latency_ms": latency.median_s * 1e3, "peak_train_mb": peak_mb, "memory_method": memory.method}
+            "latency_ms": latency.median_s * 1e3, "train_images_per_s": batch_size / step_time.median_s,
+            "peak_train_mb": peak_mb, "memory_method": memory.method}
 
 
 def _history(run_dir: Path) -> List[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def remeasure_entry(entry: Entry, row: dict) -> dict:
+    """Measure a finished entry's costs again (e.g. on a quiet machine); accuracy columns are kept."""
+    from ..train.checkpoint import load_weights
+
+    checkpoint = entry.run_dir / "last.safetensors"
+    _, meta = load_weights(checkpoint)
+    model = load_model(checkpoint, device=entry.config.device)
+    row = dict(row, **measure_model(model, int(meta["img_size"]), int(meta["in_chans"]), entry.config.batch_size,
+                                    next(model.parameters()).device))
+    save_text(entry.run_dir / RESULT, json.dumps(row, indent=2))
+    return row
 
 
 def finish_entry(entry: Entry, summary: dict, corrupt: Optional[dict]) -> dict:
@@ -200,7 +217,7 @@ def finish_entry(entry: Entry, summary: dict, corrupt: Optional[dict]) -> dict:
     history = _history(entry.run_dir)
     row = {"entry": entry.label, "kind": entry.kind, "status": "ok", "epochs": summary["epochs_run"],
            "top1": summary["final_val_acc"], "best_top1": summary["best_val_acc"],
-           "train_images_per_s": statistics.median(h["images_per_s"] for h in history),
+           "logged_train_images_per_s": statistics.median(h["images_per_s"] for h in history),
            "train_seconds": summary["train_seconds"], "run_dir": str(entry.run_dir),
            "curves": {k: [h.get(k) for h in history] for k in ("train_loss", "val_loss", "val_acc")}}
     row.update(measure_model(model, img_size, in_chans, entry.config.batch_size, device))
@@ -236,7 +253,8 @@ def failed_row(entry: Entry, err: BaseException) -> dict:
 
 
 def run_compare(base: TrainConfig, mixers: Sequence[str] = (), models: Sequence[str] = (), out="runs/compare",
-                corruptions: Optional[dict] = None, log: Callable[..., None] = print) -> List[dict]:
+                corruptions: Optional[dict] = None, log: Callable[..., None] = print,
+                remeasure: bool = False) -> List[dict]:
     """Train and measure every entry, then write the leaderboard and plots into ``out``.
 
     Args:
@@ -244,6 +262,7 @@ def run_compare(base: TrainConfig, mixers: Sequence[str] = (), models: Sequence[
         mixers: mixers to put in ``base.model``; ``models``: whole models trained with the same recipe.
         corruptions: keyword arguments for :func:`vitmix.train.robustness.evaluate_corruptions`
             (``corruptions``, ``severities``, ``seed``) to add a corruption-accuracy column; ``None``: no column.
+        remeasure: measure the cost columns of finished entries again (accuracy columns are kept).
     Returns the leaderboard rows, best first (failed entries last, with their error).
     """
     from .leaderboard import write_leaderboard
@@ -257,7 +276,7 @@ def run_compare(base: TrainConfig, mixers: Sequence[str] = (), models: Sequence[
     bar = tqdm(total=len(entries) * base.epochs, desc="compare", unit="epoch", dynamic_ncols=True)
     try:
         for entry in entries:
-            rows.append(_run_entry(entry, base.epochs, corruptions, bar))
+            rows.append(_run_entry(entry, base.epochs, corruptions, bar, remeasure))
     finally:
         bar.close()
     paths = write_leaderboard(rows, out, base)
@@ -265,11 +284,13 @@ def run_compare(base: TrainConfig, mixers: Sequence[str] = (), models: Sequence[
     return sorted(rows, key=_rank_key)
 
 
-def _run_entry(entry: Entry, epochs: int, corruptions: Optional[dict], bar) -> dict:
+def _run_entry(entry: Entry, epochs: int, corruptions: Optional[dict], bar, remeasure: bool = False) -> dict:
     bar.set_postfix_str(entry.label)
     row = read_result(entry, epochs, corruptions)
     done = bar.n
-    if row is None:
+    if row is not None and remeasure:
+        row = remeasure_entry(entry, row)
+    elif row is None:
         try:
             summary = train_entry(entry, log=_quiet, on_epoch=lambda _m: bar.update())
             row = finish_entry(entry, summary, corruptions)
