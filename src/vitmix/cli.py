@@ -1,4 +1,4 @@
-"""vitmix: efficient token mixers for vision transformers (train, eval, compare, bench, analyze, models, mixers).
+"""vitmix: efficient token mixers for vision transformers: train, compare, benchmark, analyze, generate, export.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``; that function builds
 the sub-parser and sets ``func(args) -> int``. Errors a user can fix (``ValueError``,
