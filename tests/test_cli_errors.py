@@ -59,3 +59,14 @@ def test_cli_error_is_one_line_exit_2_and_changes_nothing(case, workspace, capsy
     assert len(err) == 1 and err[0].startswith("vitmix ") and "error:" in err[0], err
     assert "Traceback" not in err[0]
     assert _tree(workspace) == before
+
+
+def test_a_closed_pipe_is_not_an_error():
+    """`vitmix mixers | head`: a reader that leaves early (here: before reading anything, so the write
+    fails for sure) must give neither a BrokenPipeError trace nor a failing exit status."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(["bash", "-c", f"set -o pipefail; '{sys.executable}' -m vitmix.cli mixers | true"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-500:]

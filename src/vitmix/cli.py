@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Modules that contribute subcommands, in the order `vitmix --help` lists them.
@@ -51,6 +52,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"vitmix {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:          # `vitmix mixers | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ that remains after the fewest prefix (CLS/register) tokens: ``N = P + S*S``.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -59,12 +59,26 @@ def resolve_grid(
     return prefix, h, w
 
 
+class TimmOptions(NamedTuple):
+    """timm ``Attention``'s options, as one mixer received them (``TokenMixer.timm_options``)."""
+
+    qkv_bias: bool
+    qk_norm: bool
+    scale_norm: bool
+    proj_bias: bool
+    attn_drop: float
+    proj_drop: float
+    norm_layer: Optional[type]
+
+
 class TokenMixer(nn.Module):
     """Base class of all vitmix mixers: the timm ``Attention`` signature plus grid handling.
 
     Subclasses build their layers in ``__init__`` (after calling ``super().__init__``) and implement
     :meth:`mix`, which receives the already-checked input and the resolved grid. ``forward`` is
-    shared so every mixer validates its input and handles ``hw``/prefix tokens identically.
+    shared so every mixer validates its input and handles ``hw``/prefix tokens identically. A
+    subclass takes ``(dim, num_heads=8, *args, <its own keyword-only options>, **kwargs)``, passes
+    ``*args, **kwargs`` on, and reads timm's options from ``self.timm_options``.
 
     Args:
         dim: channels C of the input ``(B, N, C)``.
@@ -116,6 +130,8 @@ class TokenMixer(nn.Module):
         self.head_dim = dim // num_heads
         self.hw = tuple(hw) if hw is not None else None
         self.num_prefix_tokens = num_prefix_tokens
+        # timm's attention options, taken once here: subclasses read them instead of repeating the signature
+        self.timm_options = TimmOptions(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
 
     @classmethod
     def option_names(cls) -> list:

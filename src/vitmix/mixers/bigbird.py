@@ -95,12 +95,10 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
     complexity = "linear"
     spatial = True
 
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 norm_layer: Optional[type] = None, *, block_size: int = 8, window_blocks: int = 3,
+    def __init__(self, dim: int, num_heads: int = 8, *args, block_size: int = 8, window_blocks: int = 3,
                  random_blocks: int = 3, seed: Optional[int] = None, mode: str = "sparse", **kwargs) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         check_sparse_options("bigbird", mode, None, attn_drop)
         self.block_size = positive_int(block_size, "block_size", 1)
         self.window_blocks = positive_int(window_blocks, "window_blocks", 1)

@@ -88,14 +88,7 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         self,
         dim: int,
         num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[type] = None,
-        *,
+        *args,
         preset: str = DEFAULT_PRESET,
         mode: str = FROM_PRESET,
         w_min: int = 5,
@@ -108,8 +101,8 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         backend: str = "auto",
         **kwargs,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         opts = resolve_preset(type(self).__name__, self.presets, preset, mode=mode, shuffle=shuffle,
                               shuffle_per_layer=shuffle_per_layer)
         mode, shuffle = opts["mode"], opts["shuffle"]

@@ -145,14 +145,7 @@ class LaplacianAttention(TokenMixer):
         self,
         dim: int,
         num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[type] = None,
-        *,
+        *args,
         landmark_stride: Optional[int] = None,
         num_landmarks: LandmarkCount = "auto",
         lam: float = 4.0,
@@ -174,8 +167,8 @@ class LaplacianAttention(TokenMixer):
         pool_ratio: Optional[int] = None,
         **kwargs,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         name = type(self).__name__
         reject_unsupported(name, False, scale_norm, attn_drop)
         self.landmark_stride = stride_option(name, landmark_stride, {"pool_ratio": pool_ratio}, default=2)

@@ -7,7 +7,6 @@ or other hyper-parameter besides ``eps`` in the normaliser.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,11 +34,9 @@ class LinearAttention(AttentionProjections, TokenMixer):
 
     complexity = "linear"
 
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 norm_layer: Optional[type] = None, *, eps: float = 1e-6, **kwargs) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+    def __init__(self, dim: int, num_heads: int = 8, *args, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         reject_unsupported(type(self).__name__, False, False, attn_drop)
         if not eps > 0:
             raise ValueError(f"eps={eps} must be > 0")

@@ -75,12 +75,10 @@ class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
 
     complexity = "linear"
 
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 norm_layer: Optional[type] = None, *, k: int = 64, sharing: str = "headwise",
+    def __init__(self, dim: int, num_heads: int = 8, *args, k: int = 64, sharing: str = "headwise",
                  seq_len: Optional[int] = None, **kwargs) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k={k!r} must be a positive integer (the projected length, e.g. 64)")
         if sharing not in SHARING:

@@ -111,12 +111,10 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
     complexity = "linear"
     spatial = True
 
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 norm_layer: Optional[type] = None, *, radius: int = 24, dilation: int = 1,
+    def __init__(self, dim: int, num_heads: int = 8, *args, radius: int = 24, dilation: int = 1,
                  global_projections: bool = False, mode: str = "sparse", backend: str = "auto", **kwargs) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         check_sparse_options("longformer", mode, backend, attn_drop)
         self.radius = positive_int(radius, "radius", 0)
         self.dilation = positive_int(dilation, "dilation", 1)

@@ -66,12 +66,10 @@ class NystromformerAttention(AttentionProjections, TokenMixer):
 
     complexity = "linear"
 
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 norm_layer: Optional[type] = None, *, num_landmarks: int = 49, pinv_iters: int = 6,
+    def __init__(self, dim: int, num_heads: int = 8, *args, num_landmarks: int = 49, pinv_iters: int = 6,
                  conv_kernel: Optional[int] = 33, **kwargs) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         reject_unsupported(type(self).__name__, False, False, attn_drop)
         if not isinstance(num_landmarks, int) or num_landmarks < 1:
             raise ValueError(f"num_landmarks={num_landmarks!r} must be a positive integer (e.g. 49)")

@@ -69,12 +69,10 @@ class PerformerAttention(AttentionProjections, TokenMixer):
 
     complexity = "linear"
 
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 norm_layer: Optional[type] = None, *, num_features: Optional[int] = None,
+    def __init__(self, dim: int, num_heads: int = 8, *args, num_features: Optional[int] = None,
                  redraw_interval: Optional[int] = 1000, eps: float = 1e-6, **kwargs) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         reject_unsupported(type(self).__name__, False, False, attn_drop)
         d = self.head_dim
         m = num_features if num_features is not None else max(1, math.ceil(d * math.log(max(d, 2))))

@@ -149,14 +149,7 @@ class SoftAttention(TokenMixer):
         self,
         dim: int,
         num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[type] = None,
-        *,
+        *args,
         preset: str = DEFAULT_PRESET,
         landmark_stride: Optional[int] = None,
         landmarks: str = "conv",
@@ -170,8 +163,8 @@ class SoftAttention(TokenMixer):
         sr_ratio: Optional[int] = None,
         **kwargs,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         name = type(self).__name__
         reject_unsupported(name, qk_norm, scale_norm, attn_drop)
         stride = stride_option(name, landmark_stride, {"sr_ratio": sr_ratio}, default=2)

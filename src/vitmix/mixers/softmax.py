@@ -43,19 +43,12 @@ class SoftmaxAttention(AttentionProjections, TokenMixer):
         self,
         dim: int,
         num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: Optional[type] = None,
-        *,
+        *args,
         fused: bool = True,
         **kwargs,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         self.fused = fused
         self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
 

@@ -53,11 +53,9 @@ class TopkAttention(AttentionProjections, TokenMixer):
 
     complexity = "quadratic"
 
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 norm_layer: Optional[type] = None, *, topk: int = 100, **kwargs) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
-                         norm_layer, **kwargs)
+    def __init__(self, dim: int, num_heads: int = 8, *args, topk: int = 100, **kwargs) -> None:
+        super().__init__(dim, num_heads, *args, **kwargs)
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"topk={topk!r} must be a positive integer (keys kept per query, e.g. 100)")
         self.topk = topk
