@@ -58,10 +58,11 @@ def model_table(names) -> str:
     import timm
     import torch
 
+    from ._util import markdown_table
     from .bench.flops import count_flops
     from .mixers.base import TokenMixer
 
-    rows = ["| model | input | mixer | params | GMACs |", "|---|---|---|---:|---:|"]
+    rows = []
     for name in names:
         model = timm.create_model(name).eval()
         size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
@@ -72,6 +73,6 @@ def model_table(names) -> str:
         with torch.no_grad():
             flops = count_flops(lambda m=model, i=inputs: m(*i)).total
         params = sum(p.numel() for p in model.parameters())
-        rows.append(f"| `{name}` | {size[1]}×{size[2]} | {', '.join(kinds)} | {params / 1e6:.2f}M "
-                    f"| {flops / 2e9:.2f} |")
-    return "\n".join(rows)
+        rows.append([f"`{name}`", f"{size[1]}×{size[2]}", ", ".join(kinds), f"{params / 1e6:.2f}M",
+                     f"{flops / 2e9:.2f}"])
+    return markdown_table(["model", "input", "mixer", "params", "GMACs"], rows, align="lllrr")

@@ -143,9 +143,7 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         return self._cache[key]
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
-        prefix = grid[0]
-        n = x.shape[1] - prefix
-        q, k, v = self._qkv(x)
+        prefix, n, q, k, v = self._prefix_qkv(x, grid)
         if self.mode == "sparse":
             out = index_sparse_attention(q, k, v, self.pattern(n, x.device), prefix, scale=self.scale)
         else:

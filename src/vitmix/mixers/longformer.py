@@ -66,6 +66,11 @@ def prefix_only_grid(mixer: TokenMixer, n_tokens: int, hw, num_prefix_tokens):
 class PrefixOnlyGrid:
     """Mixin (before ``TokenMixer``) for mixers that need only the prefix count, not the 2-D grid."""
 
+    def _prefix_qkv(self, x: torch.Tensor, grid):
+        """``(prefix, n, q, k, v)``: prefix and patch-token counts, and the projected heads."""
+        prefix = grid[0]
+        return (prefix, x.shape[1] - prefix, *self._qkv(x))
+
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
                 hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
         """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works."""
@@ -136,9 +141,7 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         return self._cache[key]
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
-        prefix = grid[0]
-        n = x.shape[1] - prefix
-        q, k, v = self._qkv(x)
+        prefix, n, q, k, v = self._prefix_qkv(x, grid)
         if self.mode == "sparse":
             plan = self._pattern("plan", n, prefix, x.device)
             out = sparse_diagonal_attention(q, k, v, plan, prefix, scale=self.scale, backend=self.backend)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops._common import no_autocast
 from .base import AttentionProjections, TokenMixer
 from .grid import reject_unsupported
 from .registry import register_mixer
@@ -85,7 +86,7 @@ class NystromformerAttention(AttentionProjections, TokenMixer):
 
     def _attend(self, q, k, v):
         m = min(self.num_landmarks, q.shape[-2])
-        with torch.autocast(q.device.type, enabled=False):
+        with no_autocast(q.device.type):
             dt = torch.promote_types(q.dtype, torch.float32)
             q, k, vf = q.to(dt), k.to(dt), v.to(dt)
             lq, lk = segment_means(q, m), segment_means(k, m)

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from ..ops._common import no_autocast
 from .base import AttentionProjections, TokenMixer
 from .grid import reject_unsupported
 from .registry import register_mixer
@@ -105,7 +106,7 @@ class PerformerAttention(AttentionProjections, TokenMixer):
             self._since_draw += 1
             self.forwards_since_draw.fill_(self._since_draw)
         q, k, v = self._qkv(x)
-        with torch.autocast(q.device.type, enabled=False):
+        with no_autocast(q.device.type):
             dt = torch.promote_types(q.dtype, torch.float32)
             w, scale = self.directions.to(dt), self.head_dim ** -0.25
             fq = positive_features(q.to(dt) * scale, w, per_row=True)

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from ..ops._common import no_autocast
 from .base import TokenMixer
 from .grid import (
     LandmarkCount, add_to_grid, check_choice, check_newton, grid_channels_first, head_conv, landmark_grid,
@@ -265,7 +266,7 @@ class SoftAttention(TokenMixer):
         ``D^(-1/2) M D^(-1/2)`` for SOFT-Norm), in float32 (float64 stays float64) without autocast."""
         out_dtype = torch.promote_types(q.dtype, v.dtype)
         dt = torch.float64 if out_dtype == torch.float64 else torch.float32
-        with torch.autocast(q.device.type, enabled=False):
+        with no_autocast(q.device.type):
             qf, vf, lf = q.to(dt), v.to(dt), lm.to(dt)
             k1 = ops.gaussian_kernel(qf, lf)                       # (B, h, N, m)
             a = ops.gaussian_kernel(lf, lf)                        # (B, h, m, m)

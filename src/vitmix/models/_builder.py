@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
+from timm.layers import trunc_normal_
 from timm.models import clean_state_dict
+from torch import nn
 
 from ..mixers import timm_attn
 
@@ -38,3 +40,17 @@ def unwrap_checkpoint(checkpoint: Dict) -> Dict:
             checkpoint = checkpoint[key]
             break
     return clean_state_dict(checkpoint)
+
+
+def init_linear_and_norm(model: nn.Module) -> None:
+    """The ViT-style initialisation the official pyramid and WeightFormer code share: every
+    ``nn.Linear`` truncated normal (std 0.02) with zero bias, LayerNorms ones/zeros, in
+    ``model.modules()`` order (so the random stream, and the weights, match the official code)."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)

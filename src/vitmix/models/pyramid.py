@@ -44,7 +44,7 @@ from timm.models._features import feature_take_indices
 
 from ..mixers import create as create_mixer
 from ..mixers import get_mixer_class, list_mixers
-from ._builder import model_cfg, unwrap_checkpoint
+from ._builder import init_linear_and_norm, model_cfg, unwrap_checkpoint
 
 __all__ = ["PyramidTransformer", "checkpoint_filter_fn", "stage_grid"]
 
@@ -313,14 +313,7 @@ class PyramidTransformer(nn.Module):
         for stage in self.stages:
             trunc_normal_(stage.pos_embed, std=0.02)
         trunc_normal_(self.cls_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_linear_and_norm(self)
 
     # -- timm API ------------------------------------------------------------------------------
     @torch.jit.ignore

@@ -46,7 +46,7 @@ from ..ops.dynamic import (
     pool_tokens_2x2,
 )
 from ..mixers.presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
-from ._builder import model_cfg, unwrap_checkpoint
+from ._builder import init_linear_and_norm, model_cfg, unwrap_checkpoint
 
 __all__ = [
     "DynamicDepthwiseConv", "DynamicLinear", "WeightFormer", "WeightFormerBlock", "checkpoint_filter_fn",
@@ -418,14 +418,7 @@ class WeightFormer(nn.Module):
         with zero bias, LayerNorms ones/zeros, dynamic-layer parameters as in their
         ``reset_parameters``; convolutions (stem, static DW convs, kernel predictors) keep PyTorch's
         default init."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_linear_and_norm(self)
         for m in self.modules():
             if isinstance(m, (DynamicLinear, DynamicDepthwiseConv)):
                 m.reset_parameters()
