@@ -170,10 +170,8 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
     def attention_map(self, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
                       num_prefix_tokens: Optional[int] = None, **_) -> torch.Tensor:
         """Effective ``(B, heads, N, N)`` weights (dense, O(N²); zero outside the pattern)."""
-        hw, prefix = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
-        prefix = self.token_grid(x.shape[1], hw, prefix)[0]
-        q, k, _ = self._qkv(x)
-        mask = self._mask(x.shape[1] - prefix, prefix, x.device)
+        prefix, n, q, k, _ = self._prefix_qkv(x, self._map_grid(x, hw, num_prefix_tokens))
+        mask = self._mask(n, prefix, x.device)
         scores = ((q @ k.transpose(-1, -2)) * self.scale).masked_fill(~mask, float("-inf"))
         return torch.softmax(scores, dim=-1)
 

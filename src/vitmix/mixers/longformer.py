@@ -66,6 +66,11 @@ def prefix_only_grid(mixer: TokenMixer, n_tokens: int, hw, num_prefix_tokens):
 class PrefixOnlyGrid:
     """Mixin (before ``TokenMixer``) for mixers that need only the prefix count, not the 2-D grid."""
 
+    def _map_grid(self, x: torch.Tensor, hw, num_prefix_tokens):
+        """The resolved grid of ``attention_map``'s input (any length when only a prefix count is known)."""
+        hw, prefix = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
+        return self.token_grid(x.shape[1], hw, prefix)
+
     def _prefix_qkv(self, x: torch.Tensor, grid):
         """``(prefix, n, q, k, v)``: prefix and patch-token counts, and the projected heads."""
         prefix = grid[0]
@@ -189,10 +194,7 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
     def attention_map(self, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
                       num_prefix_tokens: Optional[int] = None, **_) -> torch.Tensor:
         """Effective ``(B, heads, N, N)`` weights (dense, O(N²); zero outside the window and prefix)."""
-        hw, prefix = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
-        prefix = self.token_grid(x.shape[1], hw, prefix)[0]
-        q, k, _ = self._qkv(x)
-        n = x.shape[1] - prefix
+        prefix, n, q, k, _ = self._prefix_qkv(x, self._map_grid(x, hw, num_prefix_tokens))
         mask = self._pattern("mask", n, prefix, x.device)
         w = torch.softmax(((q @ k.transpose(-1, -2)) * self.scale).masked_fill(~mask, float("-inf")), dim=-1)
         if self.global_projections and prefix:
