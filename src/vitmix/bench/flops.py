@@ -31,6 +31,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from ..mixers.flops import linear_flops, nystrom_flops  # noqa: F401  (public here too)
+
 aten = torch.ops.aten
 
 UNIT = "FLOPs (1 multiply-accumulate = 2 FLOPs; matmul/conv/attention/cdist only)"
@@ -206,128 +208,6 @@ def analytic_flops(mixer: torch.nn.Module, batch: int, n_tokens: int) -> Optiona
         value = _ANALYTIC[name](mixer, batch, n_tokens)
         return None if value is None else int(value)
     return None
-
-
-def linear_flops(tokens: int, fan_in: int, fan_out: int) -> int:
-    """FLOPs of a dense layer applied to ``tokens`` rows."""
-    return 2 * tokens * fan_in * fan_out
-
-
-def _attr(mixer, names, default=None):
-    for name in names:
-        value = getattr(mixer, name, None)
-        if value is not None:
-            return value
-    return default
-
-
-@register_analytic_flops("softmax")
-def _softmax_flops(mixer, batch: int, n: int) -> int:
-    c = mixer.dim
-    qkv = linear_flops(batch * n, c, 3 * c)
-    attn = 2 * (2 * batch * mixer.num_heads * n * n * mixer.head_dim)  # q·kᵀ and weights·v
-    proj = linear_flops(batch * n, c, c)
-    return qkv + attn + proj
-
-
-def _linears(mixer, tokens: int) -> int:
-    """FLOPs of every ``nn.Linear`` directly owned by ``mixer`` applied to ``tokens`` rows."""
-    total = 0
-    for module in mixer.modules():
-        if isinstance(module, torch.nn.Linear):
-            total += linear_flops(tokens, module.in_features, module.out_features)
-    return total
-
-
-def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normalization=None,
-                  inverse: str = "newton", n_keys: int = None, d_v: int = None, start: str = "safe") -> int:
-    """FLOPs of :func:`vitmix.ops.nystrom_attention` for one (batch, head) slice.
-
-    Kernel blocks cost one distance product each (``2·rows·cols·d``; the Gaussian via a GEMM, the
-    Laplacian via ``cdist``), Newton–Schulz ``4·m³`` per iteration (two ``m×m`` products), the exact
-    inverse ``2m³/3 + 2m³`` (LU, then solves against the identity), and the right-to-left products
-    ``2·N·m·d_v`` / ``2·m²·d_v`` each. Untied landmarks with the ``"safe"`` start (``start``, the
-    ``newton_alpha`` option) add the start choice (a Cholesky, ``m³/3``) and the ``2·m³`` residual check
-    of the identity start (a rare rerun is not counted).
-    """
-    nk = n if n_keys is None else n_keys
-    dv = d if d_v is None else d_v
-    total = 2 * n * m * d                         # C_q = k(Q, L_k)
-    total += 0 if tied else 2 * nk * m * d        # C_k = k(K, L_q)
-    total += 2 * m * m * d                        # W = k(L_q, L_k)
-    total += (2 * m ** 3 // 3 + 2 * m ** 3) if inverse == "exact" else 4 * m ** 3 * iters
-    if inverse != "exact" and not tied and start == "safe":
-        total += m ** 3 // 3 + 2 * m ** 3         # start choice (Cholesky) and the ||I - P V|| check
-    if normalization == "injective":
-        total += 2 * n * m * m                    # covariance of C_q over queries
-        total += 4 * m ** 3                       # T = Mᵀ cov M
-        total += 2 * nk * m * m                   # D T (column variances)
-        total += 2 * m * nk * dv                  # E = Dᵀ (s ⊙ V)
-        total += 2 * m * m * dv + 2 * n * m * dv  # M E, C_q · core
-    else:
-        total += 2 * m * nk * dv + 2 * m * m * dv + 2 * n * m * dv
-    return total
-
-
-def _grid(mixer, n: int):
-    return mixer.token_grid(n)
-
-
-def _landmarks(mixer, n: int) -> int:
-    _, h, w = _grid(mixer, n)
-    mh, mw = mixer.landmark_count(h, w)
-    return mh * mw
-
-
-def _local_conv(mixer, batch: int, n: int) -> int:
-    k = getattr(mixer, "conv_kernel", 0) or 0
-    _, h, w = _grid(mixer, n)
-    return 2 * batch * mixer.dim * h * w * k * k  # depthwise: one k×k filter per channel (or per head)
-
-
-@register_analytic_flops("soft")
-@register_analytic_flops("soft_norm")
-def _soft_flops(mixer, batch: int, n: int) -> int:
-    d, h = mixer.head_dim, mixer.num_heads
-    s = mixer.landmark_stride
-    m = _landmarks(mixer, n)
-    total = _linears(mixer, batch * n)  # W_q, W_v, ff
-    if mixer.landmarks == "conv":
-        total += 2 * batch * h * m * d * d * s * s
-    total += batch * h * nystrom_flops(n, m, d, mixer.newton_iters, tied=True,
-                                       normalization=mixer.normalization, inverse=mixer.inverse)
-    return total + _local_conv(mixer, batch, n)
-
-
-@register_analytic_flops("laplacian")
-def _laplacian_flops(mixer, batch: int, n: int) -> int:
-    d, h = mixer.head_dim, mixer.num_heads
-    m = _landmarks(mixer, n)
-    total = _linears(mixer, batch * n)  # qkv, proj
-    if not (getattr(mixer, "rope", False) or getattr(mixer, "qk_normed", False)) and n >= 8 * m:
-        # landmarks: the pooled input projected by the q/k rows of qkv (pooling commutes with it);
-        # the mixer does this only when N >= 8m, otherwise it pools q and k (no FLOPs)
-        total += linear_flops(batch * m, mixer.dim, 2 * mixer.dim)
-    total += batch * h * nystrom_flops(n, m, d, mixer.newton_iters, tied=False,
-                                       normalization="injective" if mixer.normalize else None,
-                                       inverse=mixer.inverse, start=mixer.newton_alpha)
-    return total + _local_conv(mixer, batch, n)
-
-
-@register_analytic_flops("fibottention")
-def _fibottention_flops(mixer, batch: int, n: int) -> int:
-    """Dense modes: the full ``q·kᵀ`` and ``weights·v`` products; ``sparse``: only the pairs of
-    each head's pattern (prefix rows/columns included), ``2·d`` FLOPs per pair for the score and
-    ``2·d`` for the weighted value."""
-    from ..ops.fibonacci import interaction_counts
-
-    prefix, h, w = _grid(mixer, n)
-    total = _linears(mixer, batch * n)  # qkv, proj
-    d = mixer.head_dim
-    if mixer.mode == "sparse":
-        counts = interaction_counts(mixer.head_offsets(n - prefix), n - prefix, prefix)
-        return total + 4 * batch * d * sum(counts)
-    return total + 4 * batch * mixer.num_heads * n * n * d
 
 
 __all__ = [

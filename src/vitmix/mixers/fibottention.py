@@ -31,12 +31,13 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.fibonacci import SHUFFLES, VARIANTS, _as_int, fibonacci_offsets, offsets_mask
+from ..ops.fibonacci import SHUFFLES, VARIANTS, _as_int, fibonacci_offsets, interaction_counts, offsets_mask
 from ..ops.sparse_diagonal import (
     BACKENDS, diagonal_plan, masked_diagonal_attention, official_diagonal_attention, sparse_diagonal_attention,
 )
 from .base import AttentionProjections, TokenMixer, close_matches
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
+from .flops import linears_flops
 from .registry import register_mixer
 
 __all__ = ["FibottentionAttention", "assign_layer_indices", "MODES"]
@@ -175,6 +176,16 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
                                  f"N={x.shape[1]} (fibottention needs at least one patch token)")
             hw = (1, x.shape[1] - prefix)
         return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=prefix)
+
+    def analytic_flops(self, batch: int, n: int) -> int:
+        """Dense modes: the full ``q·kᵀ`` and ``weights·v``; ``sparse``: only each head's pattern
+        (prefix rows/columns included), ``2·d`` FLOPs per pair for the score and ``2·d`` for the value."""
+        prefix = self.token_grid(n)[0]
+        total = linears_flops(self, batch * n)  # qkv, proj
+        if self.mode == "sparse":
+            counts = interaction_counts(self.head_offsets(n - prefix), n - prefix, prefix)
+            return total + 4 * batch * self.head_dim * sum(counts)
+        return total + 4 * batch * self.num_heads * n * n * self.head_dim
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         n = x.shape[1]

@@ -47,6 +47,7 @@ from .grid import (
     LandmarkCount, check_choice, check_newton, grid_channels_first, head_conv, landmark_grid, landmark_shape,
     merge_heads, reject_unsupported, stride_option, tokens_from_channels_first,
 )
+from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops
 from .registry import register_mixer
 
 
@@ -324,6 +325,19 @@ class LaplacianAttention(TokenMixer):
         vg = v[:, :, prefix:].transpose(1, 2).reshape(b, h, w, nh * d).permute(0, 3, 1, 2)
         out = self.conv(vg.contiguous(memory_format=torch.channels_last))
         return out.permute(0, 2, 3, 1).reshape(b, h * w, nh * d)
+
+    def analytic_flops(self, batch: int, n: int) -> int:
+        d, h = self.head_dim, self.num_heads
+        m = landmark_total(self, n)
+        total = linears_flops(self, batch * n)  # qkv, proj
+        if not (getattr(self, "rope", False) or self.qk_normed) and n >= 8 * m:
+            # landmarks: the pooled input projected by the q/k rows of qkv (pooling commutes with it);
+            # done only when N >= 8m, otherwise q and k are pooled (no FLOPs)
+            total += linear_flops(batch * m, self.dim, 2 * self.dim)
+        total += batch * h * nystrom_flops(n, m, d, self.newton_iters, tied=False,
+                                           normalization="injective" if self.normalize else None,
+                                           inverse=self.inverse, start=self.newton_alpha)
+        return total + local_conv_flops(self, batch, n)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         q, k, v, lq, lk, _ = self._project(x, grid)

@@ -46,6 +46,7 @@ from .grid import (
     landmark_shape, merge_heads, reject_unsupported, split_heads, stride_option, tokens_from_channels_first,
 )
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
+from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops
 from .registry import register_mixer
 
 #: the inverses of the landmark kernel (``inverse=``)
@@ -276,6 +277,16 @@ class SoftAttention(TokenMixer):
                 M = dinv.unsqueeze(-1) * M * dinv.unsqueeze(-2)
             out = k1 @ (M @ (k1.mT @ vf))
         return out.to(out_dtype)
+
+    def analytic_flops(self, batch: int, n: int) -> int:
+        d, h, s = self.head_dim, self.num_heads, self.landmark_stride
+        m = landmark_total(self, n)
+        total = linears_flops(self, batch * n)  # W_q, W_v, ff
+        if self.landmarks == "conv":
+            total += 2 * batch * h * m * d * d * s * s
+        total += batch * h * nystrom_flops(n, m, d, self.newton_iters, tied=True,
+                                           normalization=self.normalization, inverse=self.inverse)
+        return total + local_conv_flops(self, batch, n)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix, h, w = grid

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import AttentionProjections, TokenMixer
+from .flops import linear_flops
 from .registry import register_mixer
 
 
@@ -55,6 +56,11 @@ class SoftmaxAttention(AttentionProjections, TokenMixer):
     def _weights(self, q, k, attn_mask, is_causal):
         scores = _masked_scores((q * self.scale) @ k.transpose(-2, -1), attn_mask, is_causal)
         return scores.softmax(dim=-1)
+
+    def analytic_flops(self, batch: int, n: int) -> int:
+        c = self.dim
+        attn = 2 * (2 * batch * self.num_heads * n * n * self.head_dim)   # q·kᵀ and weights·v
+        return linear_flops(batch * n, c, 3 * c) + attn + linear_flops(batch * n, c, c)
 
     def mix(self, x, grid=None, attn_mask=None, is_causal=False):
         q, k, v = self._qkv(x)
