@@ -19,12 +19,7 @@ TINY = ["--tokens", "64", "--dim", "16", "--heads", "2", "--min-run-time", "0.01
         "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rows(path):

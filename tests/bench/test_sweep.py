@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from vitmix.bench import BenchConfig, run_sweep
 from vitmix.bench.report import fit_slope, load_results, write_results
@@ -12,15 +11,13 @@ from vitmix.bench.sweep import _extrapolate, _is_oom, parse_mixer_spec, token_gr
 from vitmix.cli import main
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 @pytest.fixture(autouse=True)
-def _eager_l1_one_thread(monkeypatch):
-    # the eager L1 path (cdist) is the one FlopCounterMode sees; one thread keeps tiny shapes fast on a
-    # shared machine
+def _eager_l1(monkeypatch):
+    # the eager L1 path (cdist) is the one FlopCounterMode sees
     monkeypatch.setenv("VITMIX_DISABLE_C_KERNEL", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _rows(path):

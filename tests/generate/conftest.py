@@ -1,12 +1,7 @@
-"""Shared by the generation tests."""
+"""Shared by the generation tests: small models, one torch thread (tests/conftest.py's one_thread)."""
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small models: OpenMP fan-out only costs time (badly so on a loaded 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _generation_one_thread(one_thread):
     yield
-    torch.set_num_threads(n)

@@ -18,14 +18,10 @@ import vitmix
 from vitmix.mixers import TokenMixer
 from vitmix.models import is_vitmix_model, model_task
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These shapes are tiny: a second intra-op thread only adds synchronisation, which on a busy
-    2-core machine made this file ~10x slower (180 s instead of 20 s). The setting is restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+
+
+# tiny shapes: a second intra-op thread made this file ~10x slower on a busy 2-core machine
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 MODELS = sorted(m for m in timm.list_models() if is_vitmix_model(m) and model_task(m) == "classification")

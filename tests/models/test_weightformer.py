@@ -17,13 +17,7 @@ from vitmix.models.weightformer import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # small models: OpenMP fan-out only costs time (badly so on a loaded 2-core machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

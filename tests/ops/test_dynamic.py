@@ -19,13 +19,7 @@ from vitmix.ops.dynamic import (
     pool_tokens_2x2,
 )
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny ops: OpenMP fan-out only costs time (badly so on a loaded 2-core machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # In float64 the paths differ only by re-association of sums of ~100 products: 1e-10 relative is
