@@ -3,6 +3,9 @@ import os
 import sys
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+# The Triton kernels are tested on CPU tensors by Triton's interpreter, which must be chosen before triton
+# is first imported. A machine with a GPU runs them compiled: set TRITON_INTERPRET=0 there.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 # importlib import mode (test files share names across folders): make tests/_memory.py importable.
 sys.path.insert(0, os.path.dirname(__file__))
 

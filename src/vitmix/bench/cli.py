@@ -42,7 +42,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--dim", type=int, default=384, help="layer width for --mixers (default 384)")
     p.add_argument("--heads", type=int, default=6, help="heads for --mixers (default 6)")
-    p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (autocast) (default fp32)")
+    p.add_argument("--dtype", default="fp32",
+                   help="fp32, bf16 or fp16 (half = autocast, parameters stay fp32) (default fp32)")
     p.add_argument("--passes", default=",".join(PASSES),
                    help="comma-separated: fwd, fwd+bwd (default both)")
     p.add_argument("--max-seconds", type=float, default=600.0,
@@ -50,7 +51,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-memory-gb", type=float, default=None,
                    help="skip points predicted to exceed this peak memory (default: half the available memory)")
     p.add_argument("--min-run-time", type=float, default=0.2, help="seconds of timing per point (default 0.2)")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    p.add_argument("--device", default="auto",
+                   help="auto, cpu, cuda or cuda:i (default auto: cuda when visible); on CUDA, times are CUDA "
+                        "events after a synchronised warm-up and memory is max_memory_allocated")
     p.add_argument("--baseline-model", default=DEFAULT_BASELINE_MODEL,
                    help=f"softmax model for ratios in --models mode (default {DEFAULT_BASELINE_MODEL})")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")

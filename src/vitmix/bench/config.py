@@ -42,13 +42,14 @@ class BenchConfig:
         sizes: token counts or image sides; defaults to :data:`DEFAULT_TOKENS` /
             :data:`DEFAULT_IMAGE_SIZES`.
         batch, dim, heads: input batch; layer width and heads (mixers only).
-        dtype: ``"fp32"`` or ``"bf16"`` (bf16 = ``torch.autocast``; parameters stay fp32).
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (half = ``torch.autocast``; parameters stay fp32).
         passes: any of ``"fwd"`` (under ``no_grad``) and ``"fwd+bwd"``.
         max_seconds: wall-clock budget of the whole sweep.
         max_memory_gb: points predicted to need more peak memory are skipped; default: half of
             the memory available when the sweep starts (CPU) or of the free GPU memory.
         min_run_time: seconds of timing per point (``blocked_autorange``).
-        device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"`` or ``"cuda:i"`` (``ValueError`` when
+            no CUDA device is visible).
         baseline_model: the softmax model every model is compared with (models mode).
         measure_memory, measure_flops: turn the slower measurements off.
         threads: CPU threads for the sweep (default: all of ``torch.get_num_threads()``).

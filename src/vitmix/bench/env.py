@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import subprocess
 from typing import Optional
 
 import torch
@@ -29,6 +30,39 @@ def load_average() -> Optional[float]:
         return None
 
 
+def driver_version() -> Optional[str]:
+    """The NVIDIA driver version from ``nvidia-smi``, or ``None`` where it cannot be read."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):  # no nvidia-smi, or it failed: tested by making it fail
+        return None
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    return lines[0] if lines else None
+
+
+def gpu_info(device) -> dict:
+    """Name, compute capability, memory, SM count, driver and library versions of a CUDA device."""
+    device = torch.device(device)
+    props = torch.cuda.get_device_properties(device)
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # optional (vitmix[gpu]); a broken install is reported the same way
+        triton_version = None
+    return {
+        "gpu": torch.cuda.get_device_name(device),
+        "gpu_capability": f"{props.major}.{props.minor}",
+        "gpu_memory_gib": round(props.total_memory / 2 ** 30, 1),
+        "gpu_sm_count": props.multi_processor_count,
+        "gpu_count": torch.cuda.device_count(),
+        "driver": driver_version(),
+        "cudnn": torch.backends.cudnn.version(),
+        "triton": triton_version,
+    }
+
+
 def environment(device="cpu") -> dict:
     """Machine and software facts that a benchmark number depends on."""
     device = torch.device(device)
@@ -52,6 +86,8 @@ def environment(device="cpu") -> dict:
         "timing_method": ("CUDA events" if device.type == "cuda"
                           else f"torch.utils.benchmark, {torch.get_num_threads()} threads"),
     }
+    if device.type == "cuda":
+        env.update(gpu_info(device))
     env["load_average_1m"] = load_average()
     from .flops import UNIT
 
@@ -59,4 +95,4 @@ def environment(device="cpu") -> dict:
     return env
 
 
-__all__ = ["environment", "cpu_model", "load_average"]
+__all__ = ["environment", "cpu_model", "load_average", "gpu_info", "driver_version"]

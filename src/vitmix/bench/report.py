@@ -16,7 +16,7 @@ COLUMNS = [
     "flops_vs_softmax", "baseline", "timing_method", "note",
 ]
 #: the columns ``--compile`` adds (before ``note``): the point timed again under ``torch.compile``
-COMPILE_COLUMNS = ["compile_status", "compiled_median_ms", "compiled_iqr_ms", "compiled_vs_eager", "compile_s",
+COMPILE_COLUMNS = ["compile_status", "compiled_median_ms", "compiled_vs_eager", "compiled_vs_eager_iqr", "compile_s",
                    "graph_breaks"]
 
 
@@ -55,10 +55,16 @@ def _x_label(kind: str) -> str:
 
 
 def environment_lines(result: SweepResult) -> List[str]:
-    env = result.environment
+    """The machine / software / method lines of a sweep's header."""
+    return env_lines(result.environment, result.elapsed_s, result.stopped_early)
+
+
+def env_lines(env: dict, elapsed_s: float, stopped_early: bool = False) -> List[str]:
+    """The header lines of any benchmark run from its :func:`vitmix.bench.env.environment` record."""
     return [
         f"- machine: {env.get('device_name')} ({env.get('cpu_count')} CPUs visible, "
         f"{env.get('torch_threads')} torch threads), device `{env.get('device')}`",
+        *gpu_lines(env),
         f"- software: torch {env.get('torch')}, timm {env.get('timm')}, vitmix {env.get('vitmix')}, "
         f"Python {env.get('python')} on {env.get('platform')}",
         f"- timing: median of repeated calls after warm-up, {env.get('timing_method')}",
@@ -67,9 +73,18 @@ def environment_lines(result: SweepResult) -> List[str]:
         f"- load average (1 min) at start / end: {env.get('load_average_1m')} / {env.get('load_average_1m_end')}"
         + (" — the machine was shared, treat times as noisy" if (env.get("load_average_1m") or 0) >
            (env.get("cpu_count") or 1) else ""),
-        f"- date: {env.get('date_utc')}; sweep took {result.elapsed_s:.0f} s"
-        + (" and **stopped early** (budget)" if result.stopped_early else ""),
+        f"- date: {env.get('date_utc')}; run took {elapsed_s:.0f} s"
+        + (" and **stopped early** (budget)" if stopped_early else ""),
     ]
+
+
+def gpu_lines(env: dict) -> List[str]:
+    """The GPU line of a results header (none for a CPU run)."""
+    if not env.get("gpu"):
+        return []
+    return [f"- GPU: {env['gpu']} (compute capability {env.get('gpu_capability')}, {env.get('gpu_memory_gib')} GiB, "
+            f"{env.get('gpu_sm_count')} SMs), driver {env.get('driver')}, CUDA {env.get('cuda')}, "
+            f"cuDNN {env.get('cudnn')}, Triton {env.get('triton')}"]
 
 
 def markdown_table(rows: List[dict], kind: str, compiled: bool = False) -> str:
@@ -86,6 +101,8 @@ def markdown_table(rows: List[dict], kind: str, compiled: bool = False) -> str:
 
 def _with_compile_cells(cells: List[str], r: dict) -> List[str]:
     ratio = f"{r['compiled_vs_eager']:.2f}×" if r.get("compiled_vs_eager") else ""
+    if ratio and r.get("compiled_vs_eager_iqr") is not None:
+        ratio += f" ±{r['compiled_vs_eager_iqr'] / 2:.2f}"
     cells[4:4] = [_fmt(r.get("compiled_median_ms")), ratio, _fmt(r.get("compile_s"))]
     return cells
 
@@ -95,11 +112,14 @@ def compile_summary(rows: List[dict]) -> List[str]:
     timed = [r for r in rows if r.get("compiled_vs_eager")]
     failed = [r for r in rows if r.get("compile_status") == "failed"]
     slower = [r for r in timed if r["compiled_vs_eager"] > 1.0]
+    beyond = [r for r in slower if r["compiled_vs_eager"] - (r.get("compiled_vs_eager_iqr") or 0.0) / 2 > 1.0]
     lines = [f"- compiled not slower than eager (compiled / eager ≤ 1) in {len(timed) - len(slower)} of "
              f"{len(timed)} compiled rows"]
     if slower:
         lines.append("- slower compiled: " + ", ".join(
             f"{r['name']} {r['size']} {r['pass']} ({r['compiled_vs_eager']:.2f}×)" for r in slower))
+        lines.append(f"- slower by more than the run-to-run noise (ratio − half its IQR > 1): {len(beyond)}"
+                     + (": " + ", ".join(f"{r['name']} {r['size']} {r['pass']}" for r in beyond) if beyond else ""))
     if failed:
         lines.append("- compile failed: " + ", ".join(f"{r['name']} {r['size']} {r['pass']}" for r in failed))
     return lines
@@ -277,8 +297,11 @@ def markdown_report(result: SweepResult, command: Optional[str], plot_names: Seq
     parts += ["† = FLOPs from the mixer's analytic formula (the counter saw less).", ""]
     if cfg.compile:
         parts += [f"Compiled: the same point timed again through `torch.compile(backend={cfg.compile_backend!r})`; "
-                  "compiled / eager < 1 is faster compiled; compile s = the first compiled call (tracing and "
-                  "code generation), not in the median. Memory and FLOPs are the eager ones.", ""]
+                  "compiled / eager < 1 is faster compiled: the median over 6 rounds that each time eager and "
+                  "compiled back to back (alternating order), so both see the same machine load; ± is half the "
+                  "ratio's inter-quartile range over the rounds (its run-to-run noise); compile s = the first "
+                  "compiled call (tracing and code generation), not in the median. Memory and FLOPs are the eager "
+                  "ones.", ""]
         parts += compile_summary(result.rows) + [""]
     for note in result.notes:
         parts += [f"**Note:** {note}", ""]
@@ -304,4 +327,5 @@ def summary_text(result: SweepResult) -> str:
 
 
 __all__ = ["write_results", "load_results", "markdown_table", "markdown_report", "summary_text", "fit_slope", "plot",
-           "slope_table", "loglog_panels", "COLUMNS", "COMPILE_COLUMNS", "columns", "compile_summary"]
+           "slope_table", "loglog_panels", "gpu_lines", "env_lines", "COLUMNS", "COMPILE_COLUMNS", "columns",
+           "compile_summary"]

@@ -13,6 +13,7 @@ With ``compile=True`` each measured point is timed a second time through ``torch
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
@@ -28,7 +29,7 @@ from .flops import analytic_flops, count_flops
 from .memory import memory_method, peak_memory
 from .timing import time_call
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ------------------------------------------------------------------------------------------
@@ -139,10 +140,26 @@ def validate(config: BenchConfig) -> None:
         raise ValueError(f"min_run_time must be positive, got {config.min_run_time}")
     if config.device not in ("auto", "cpu", "cuda") and not config.device.startswith("cuda:"):
         raise ValueError(f"device must be auto, cpu or cuda, got {config.device!r}")
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device cuda requested but torch.cuda.is_available() is False; use --device cpu")
+    if config.device.startswith("cuda"):
+        check_cuda_device(config.device)
     if config.compile:
         _check_compile_backend(config.compile_backend)
+
+
+def check_cuda_device(name: str, hint: str = "; use --device cpu") -> torch.device:
+    """The CUDA device ``name`` (``"cuda"`` or ``"cuda:i"``); ``ValueError`` (ending with ``hint``) when no
+    such device is visible."""
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but no CUDA device is visible "
+                         f"(torch.cuda.is_available() is False){hint}")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:i, got {name!r}") from None
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"device {name!r} requested but only {count} CUDA device(s) are visible")
+    return device
 
 
 def _check_compile_backend(name: str) -> None:
@@ -263,18 +280,38 @@ def _make_fn(point: _Point, pass_name: str, device, dtype: str):
         xg = x.detach().requires_grad_(point.inputs.dim() == 3)  # a layer inside a network needs dX
 
         def fn():
-            module.zero_grad(set_to_none=True)
-            xg.grad = None
             with autocast(device, amp_dtype):
                 out = point.call(xg)
             out.float().sum().backward()
+            # release the gradients here, not at the start of the next call: between calls nothing is
+            # left behind, so the memory baseline is parameters + input and the peak includes the grads
+            module.zero_grad(set_to_none=True)
+            xg.grad = None
     return fn
 
 
-def _is_oom(err: BaseException) -> bool:
+def build_point(config: BenchConfig, spec: str, size: int, device) -> _Point:
+    """One point of a ``config.kind`` sweep, built as the sweep builds it: mixer ``spec`` (with its bench
+    options) on ``size`` tokens, or model ``spec`` on ``size``² images, with its input on ``device``."""
+    if config.kind == "mixers":
+        return _build_mixer(parse_mixer_spec(spec), size, config, device)
+    return _build_model(Target(spec, spec), size, config, device)
+
+
+def point_call(point: _Point, pass_name: str, device, dtype: str) -> Callable[[], None]:
+    """The call the sweep times for ``pass_name``: forward under ``no_grad``, or forward + backward that
+    leaves no gradients behind; ``dtype`` other than fp32 runs under ``torch.autocast``."""
+    return _make_fn(point, pass_name, device, dtype)
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether ``err`` is an out-of-memory error (CUDA's ``OutOfMemoryError``, or an allocator message)."""
     text = str(err).lower()
     return isinstance(err, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in text or \
         "can't allocate memory" in text or "not enough memory" in text
+
+
+_is_oom = is_oom  # the earlier private name (tests use it)
 
 
 # ------------------------------------------------------------------------------------------
@@ -456,7 +493,7 @@ def _measure_or_note(row: dict, sweep: _Sweep, builder, target: Target, size: in
     except ValueError as err:
         row.update(status="skipped", note=f"invalid size: {err}")
     except (RuntimeError, MemoryError) as err:
-        if _is_oom(err):
+        if is_oom(err):
             row.update(status="skipped", note="out of memory")
             sweep.blocked[(target.label, pass_name)] = "a smaller size ran out of memory"
         else:
@@ -502,16 +539,18 @@ def _measure_point(row: dict, builder, target: Target, size: int, pass_name: str
     row["throughput_unit"] = point.unit
     row["timing_method"] = timing.method
     if config.compile:
-        _measure_compiled(row, point, pass_name, config, device)
+        _measure_compiled(row, point, fn, pass_name, config, device)
     del point, fn
 
 
-def _measure_compiled(row: dict, point: _Point, pass_name: str, config: BenchConfig, device) -> None:
+def _measure_compiled(row: dict, point: _Point, eager_fn, pass_name: str, config: BenchConfig, device) -> None:
     """Time the same point again through ``torch.compile(module, backend=config.compile_backend)``.
 
     The first compiled call (tracing and code generation) is ``compile_s``, kept out of the median, and
-    the graph breaks dynamo reported are counted. Any failure to compile or run compiled is a result,
-    not a crash: the row keeps its eager numbers and says in one line why compiling failed.
+    the graph breaks dynamo reported are counted. ``compiled_vs_eager`` comes from :func:`paired_ratio`
+    (eager and compiled timed in alternating rounds, so both see the same machine load). Any failure to
+    compile or run compiled is a result, not a crash: the row keeps its eager numbers and says in one
+    line why compiling failed.
     """
     from torch._dynamo.utils import counters
 
@@ -526,16 +565,41 @@ def _measure_compiled(row: dict, point: _Point, pass_name: str, config: BenchCon
             torch.cuda.synchronize(device)
         compile_s = time.perf_counter() - start
         graph_breaks = sum(counters["graph_break"].values()) - breaks_before
-        timing = time_call(fn, device, min_run_time=config.min_run_time)
+        paired = paired_ratio(eager_fn, fn, device, config.min_run_time)
     except Exception as err:  # noqa: BLE001  (compilers raise many types; each is one line in the row)
         message = "compile failed: " + _one_line(err)
         row.update(compile_status="failed", note="; ".join(x for x in (row.get("note"), message) if x))
         return
     finally:
         torch._dynamo.reset()  # drop the compiled graphs (and the module they hold)
-    row.update(compile_status="ok", compile_s=compile_s, compiled_median_ms=timing.median_s * 1e3,
-               compiled_iqr_ms=timing.iqr_s * 1e3, compiled_vs_eager=timing.median_s * 1e3 / row["median_ms"],
-               graph_breaks=graph_breaks)
+    row.update(compile_status="ok", compile_s=compile_s, compiled_median_ms=paired.compiled_s * 1e3,
+               compiled_vs_eager=paired.ratio, compiled_vs_eager_iqr=paired.ratio_iqr, graph_breaks=graph_breaks)
+
+
+@dataclass
+class PairedRatio:
+    """``ratio``: median over rounds of (B time / A time); ``ratio_iqr``: its inter-quartile range over the
+    rounds (the run-to-run noise of the ratio); ``compiled_s``: median B time."""
+
+    ratio: float
+    ratio_iqr: float
+    compiled_s: float
+
+
+def paired_ratio(a: Callable[[], object], b: Callable[[], object], device, min_run_time: float,
+                 rounds: int = 6) -> PairedRatio:
+    """How much slower ``b`` is than ``a``, measured fairly on a shared machine: ``rounds`` rounds, each
+    timing both (in alternating order, A B then B A), one ratio per round. Timing one after the other
+    minutes apart would compare two different machine loads."""
+    ratios, b_times = [], []
+    budget = max(min_run_time / (2 * rounds), 0.02)
+    for r in range(rounds):
+        order = (a, b) if r % 2 == 0 else (b, a)
+        t = {id(f): time_call(f, device, min_run_time=budget).median_s for f in order}
+        ratios.append(t[id(b)] / t[id(a)])
+        b_times.append(t[id(b)])
+    q = statistics.quantiles(ratios, n=4)
+    return PairedRatio(statistics.median(ratios), q[2] - q[0], statistics.median(b_times))
 
 
 def _one_line(err: BaseException) -> str:
@@ -579,5 +643,6 @@ def _add_ratios(rows: List[dict]) -> None:
                                  if ok and r.get("gflops") and b.get("gflops") else None)
 
 
-__all__ = ["BenchConfig", "SweepResult", "Target", "run_sweep", "resolve_targets", "validate",
+__all__ = ["BenchConfig", "SweepResult", "Target", "run_sweep", "resolve_targets", "validate", "check_cuda_device",
+           "build_point", "point_call", "is_oom",
            "parse_mixer_spec", "token_grid", "DEFAULT_TOKENS", "DEFAULT_IMAGE_SIZES", "PASSES", "DTYPES"]

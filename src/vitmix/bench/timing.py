@@ -2,7 +2,9 @@
 
 CPU: ``torch.utils.benchmark.Timer`` with ``num_threads=torch.get_num_threads()`` (its default is
 one thread, which would under-report CPU throughput), ``blocked_autorange`` for fast calls and
-single-call repeats for slow ones. GPU: CUDA events around each call after a warm-up.
+single-call repeats for slow ones. GPU: CUDA events around each call, read after a synchronisation,
+after at least two synchronised warm-up calls (the first one compiles Triton kernels and picks cuDNN
+algorithms).
 """
 from __future__ import annotations
 
@@ -58,17 +60,21 @@ def time_call(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2,
 
     Calls slower than ``min_run_time / min_samples`` are timed one at a time ``min_samples``
     times (``min_run_time=0``: always); faster ones with ``blocked_autorange(min_run_time)`` (CPU)
-    or an event loop (CUDA). For calls of many seconds: ``max_seconds`` stops the one-at-a-time CPU
+    or an event loop (CUDA). For calls of many seconds: ``max_seconds`` stops the one-at-a-time
     samples once they took that long (at least one is taken), and a warm-up call of at least
     ``long_call_s`` seconds is itself the only sample.
+
+    CUDA: at least two warm-up calls (the first one also compiles Triton kernels, picks cuDNN
+    algorithms and grows the caching allocator), each followed by ``torch.cuda.synchronize``; the
+    last one picks the method. Every sample is the time between two CUDA events recorded on the
+    current stream around one call, read after a synchronisation.
     """
     device = torch.device(device)
+    if device.type == "cuda":
+        return _time_cuda(fn, device, min_run_time, min_samples, max(warmup, 2), max_seconds, long_call_s)
     first = _warm_up(fn, device, warmup)
     if long_call_s is not None and first >= long_call_s:
         return TimeResult(first, [first], "the warm-up call alone (too slow to repeat)", first)
-    if device.type == "cuda":
-        samples = _cuda_samples(fn, device, max(min_samples, min(200, int(min_run_time / max(first, 1e-6)))))
-        return TimeResult(statistics.median(samples), samples, "CUDA events", first)
     timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     method = f"torch.utils.benchmark ({torch.get_num_threads()} threads)"
     if first * min_samples >= min_run_time:
@@ -81,9 +87,23 @@ def time_call(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2,
     return TimeResult(statistics.median(samples), samples, method, first)
 
 
+def _time_cuda(fn: Callable[[], object], device: torch.device, min_run_time: float, min_samples: int,
+               warmup: int, max_seconds: Optional[float], long_call_s: Optional[float]) -> TimeResult:
+    """:func:`time_call` on a CUDA device: synchronised warm-up, then one CUDA-event pair per call."""
+    last = 0.0
+    for _ in range(warmup):  # the last warm-up call, not the compiling first one, predicts the rest
+        last = _warm_up(fn, device, 1)
+    if long_call_s is not None and last >= long_call_s:
+        return TimeResult(last, [last], "the last warm-up call alone (too slow to repeat)", last)
+    wanted = max(min_samples, min(200, int(min_run_time / max(last, 1e-6))))
+    samples = _cuda_samples(fn, device, wanted, max_seconds)
+    return TimeResult(statistics.median(samples), samples, "CUDA events", last)
+
+
 def _warm_up(fn: Callable[[], object], device: torch.device, calls: int) -> float:
     """Run ``fn`` ``calls`` times (at least once); the mean seconds per call."""
     calls = max(calls, 1)
+    _sync(device)
     start = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -91,16 +111,18 @@ def _warm_up(fn: Callable[[], object], device: torch.device, calls: int) -> floa
     return (time.perf_counter() - start) / calls
 
 
-def _cuda_samples(fn: Callable[[], object], device: torch.device, n: int) -> List[float]:
-    """Seconds of ``n`` calls, each between two CUDA events."""
-    samples = []
-    for _ in range(n):
+def _cuda_samples(fn: Callable[[], object], device: torch.device, n: int,
+                  max_seconds: Optional[float] = None) -> List[float]:
+    """Seconds of ``n`` calls, each between two CUDA events; fewer (at least one) once the samples
+    add up to ``max_seconds``."""
+    samples: List[float] = []
+    while len(samples) < n and (not samples or max_seconds is None or sum(samples) < max_seconds):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         fn()
         end.record()
         torch.cuda.synchronize(device)
-        samples.append(begin.elapsed_time(end) / 1e3)
+        samples.append(begin.elapsed_time(end) / 1e3)  # elapsed_time is in milliseconds
     return samples
 
 

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from ..ops._triton import check_backend
 from .base import TokenMixer
 from .grid import (
     LandmarkCount, check_choice, check_newton, grid_channels_first, head_conv, landmark_grid, landmark_shape,
@@ -123,6 +124,9 @@ class LaplacianAttention(TokenMixer):
         rope_base: RoPE frequency base.
         grid_remainder: with ``num_landmarks=None``, ``"error"`` (default) or ``"floor"`` when the
             grid is not divisible by the stride.
+        backend: who computes the kernel matrices and the Newton–Schulz loop (:mod:`vitmix.ops`):
+            ``"auto"`` (default: Triton for CUDA tensors when triton is installed, else PyTorch/C),
+            ``"triton"`` or ``"torch"``; the numbers are the same up to float32 rounding (``docs/gpu.md``).
         hw, num_prefix_tokens: the token grid (see :class:`~vitmix.mixers.base.TokenMixer`).
 
     ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
@@ -166,6 +170,7 @@ class LaplacianAttention(TokenMixer):
         temperature: str = "none",
         conv_init: str = "default",
         pool_ratio: Optional[int] = None,
+        backend: str = "auto",
         **kwargs,
     ) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -178,6 +183,8 @@ class LaplacianAttention(TokenMixer):
                                grid_remainder=grid_remainder).items():
             check_choice(key, value, self._CHOICES[key])
         self._check_numbers(lam, conv_kernel, newton_iters, newton_eps, inverse, rope)
+        check_backend(name, backend)
+        self.backend = backend
         self.landmark_hw = landmark_grid(num_landmarks)
         self.lam = float(lam)
         self.qk_scale = self._qk_scale(qk_scale)
@@ -297,7 +304,7 @@ class LaplacianAttention(TokenMixer):
         out = ops.nystrom_attention(
             q, k, v, lq, lk, kernel="laplacian", lam=self.lam / self.qk_scale,  # exp(-|sq - sk|/λ)
             iters=self.newton_iters, eps=self.newton_eps, alpha=self.newton_alpha, inverse=self.inverse,
-            normalization="injective" if self.normalize else None, norm_eps=self.norm_eps,
+            normalization="injective" if self.normalize else None, norm_eps=self.norm_eps, backend=self.backend,
         )
         if self.normalize and (self.norm_scale != "none" or self.log_tau is not None):
             # Z = R·D^(-1/2) + 1/N  →  R·D^(-1/2)/N + 1/N: ZV = mean(V) + (whitened part)/N

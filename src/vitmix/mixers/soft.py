@@ -40,6 +40,7 @@ from torch import nn
 
 from .. import ops
 from ..ops._common import no_autocast
+from ..ops._triton import check_backend
 from .base import TokenMixer
 from .grid import (
     LandmarkCount, add_to_grid, check_choice, check_newton, grid_channels_first, head_conv, landmark_grid,
@@ -130,6 +131,9 @@ class SoftAttention(TokenMixer):
         grid_remainder *(preset)*: with ``num_landmarks=None``, ``"error"`` (default) raises when the
             grid is not divisible by the stride; ``"floor"`` (official) lets border rows/columns
             join no landmark.
+        backend: who computes the kernel matrices and the Newton–Schulz loop (:mod:`vitmix.ops`):
+            ``"auto"`` (default: Triton for CUDA tensors when triton is installed, else PyTorch/C),
+            ``"triton"`` or ``"torch"``; the numbers are the same up to float32 rounding (``docs/gpu.md``).
         hw, num_prefix_tokens: the token grid (see :class:`~vitmix.mixers.base.TokenMixer`).
 
     ``qk_norm``, ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
@@ -163,6 +167,7 @@ class SoftAttention(TokenMixer):
         inverse: str = FROM_PRESET,
         grid_remainder: str = FROM_PRESET,
         sr_ratio: Optional[int] = None,
+        backend: str = "auto",
         **kwargs,
     ) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -173,6 +178,8 @@ class SoftAttention(TokenMixer):
         opts = resolve_preset(name, self.presets, preset, num_landmarks=num_landmarks, newton_eps=newton_eps,
                               newton_alpha=newton_alpha, inverse=inverse, grid_remainder=grid_remainder)
         self._check_options(landmarks, conv_kernel, newton_iters, opts)
+        check_backend(name, backend)
+        self.backend = backend
         self.preset = preset
         self.landmark_stride = stride
         self.landmarks = landmarks
@@ -259,7 +266,7 @@ class SoftAttention(TokenMixer):
             return self._attend_legacy(q, v, lm)
         return ops.nystrom_attention(
             q, q, v, lm, lm, kernel="gaussian", iters=self.newton_iters, eps=self.newton_eps,
-            alpha=self.newton_alpha, inverse=self.inverse, normalization=self.normalization,
+            alpha=self.newton_alpha, inverse=self.inverse, normalization=self.normalization, backend=self.backend,
         )
 
     def _attend_legacy(self, q, v, lm):
@@ -269,8 +276,8 @@ class SoftAttention(TokenMixer):
         dt = torch.float64 if out_dtype == torch.float64 else torch.float32
         with no_autocast(q.device.type):
             qf, vf, lf = q.to(dt), v.to(dt), lm.to(dt)
-            k1 = ops.gaussian_kernel(qf, lf)                       # (B, h, N, m)
-            a = ops.gaussian_kernel(lf, lf)                        # (B, h, m, m)
+            k1 = ops.gaussian_kernel(qf, lf, backend=self.backend)         # (B, h, N, m)
+            a = ops.gaussian_kernel(lf, lf, backend=self.backend)          # (B, h, m, m)
             M = newton_inverse_legacy(a, self.newton_iters, self.newton_eps)
             if self.normalization == "soft_norm":
                 dinv = a.sum(-1).rsqrt()

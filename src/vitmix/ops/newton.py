@@ -37,7 +37,9 @@ chooses ``V0`` per matrix:
     symmetry (``symmetric`` is ignored). Use it to match released checkpoints.
 
 The forward runs without autograd (on CPU the loop is a small C kernel that keeps each m×m matrix in
-cache, :mod:`vitmix.ops._ns_kernel`; batched BLAS otherwise); the backward is the analytic
+cache, :mod:`vitmix.ops._ns_kernel`; on CUDA, float32, m <= 128 a Triton kernel with one program per
+matrix, :mod:`vitmix.ops._triton_newton`, chosen by ``backend`` as in ``docs/gpu.md``; batched BLAS
+otherwise); the backward is the analytic
 derivative of an inverse evaluated
 once at the result, ``dL/dA = -Vᵀ G Vᵀ`` (exact at convergence; with few iterations SOFT's "inverse"
 is a spectrally filtered one, and this backward is what the official code uses). Everything runs in
@@ -63,6 +65,7 @@ from ._cbuild import CKernel
 from ._common import (
     check_finite_float, compute_dtype, cpu_single_thread, no_autocast, single_thread_if_small, traced,
 )
+from ._triton import check_backend, wants_triton
 
 __all__ = ["newton_schulz_inverse", "newton_schulz_reference"]
 
@@ -200,11 +203,29 @@ def _c_iterate(P3: torch.Tensor, V3: torch.Tensor, iters: int):
     return V3
 
 
-def _iterate(P: torch.Tensor, V: torch.Tensor, iters: int, allow_c: bool = True) -> torch.Tensor:
+def _triton_iterate(P3: torch.Tensor, V3: torch.Tensor, iters: int, backend: str):
+    """The Triton loop when ``backend`` chooses it for ``P3`` (see :mod:`vitmix.ops._triton`), else ``None``.
+    Never under a Python dispatch mode (``FlopCounterMode`` and the like count the PyTorch path)."""
+    if iters == 0 or backend == "torch" or _get_current_dispatch_mode() is not None:
+        return None
+    from . import _triton_newton
+
+    if not wants_triton("newton_schulz_inverse", P3, backend, _triton_newton.unsupported(P3)):
+        return None
+    return _triton_newton.iterate(P3, V3, iters)
+
+
+def _iterate(P: torch.Tensor, V: torch.Tensor, iters: int, allow_c: bool = True, backend: str = "auto") -> torch.Tensor:
+    """``iters`` steps ``V <- 2V - V P V``; ``allow_c=False`` (export decompositions) keeps to batched
+    matmuls, otherwise the Triton kernel (as ``backend`` says) or the CPU C kernel runs when it applies."""
     shape = P.shape
     P3 = P.reshape(-1, shape[-2], shape[-1])
     V3 = V.reshape(-1, shape[-2], shape[-1]).contiguous()
-    out = _c_iterate(P3, V3, iters) if allow_c else None
+    out = None
+    if allow_c:
+        out = _triton_iterate(P3, V3, iters, backend)
+        if out is None:
+            out = _c_iterate(P3, V3, iters)
     if out is not None:
         return out.reshape(shape)
     for _ in range(iters):
@@ -239,7 +260,7 @@ def _residual(P: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 
 
 def _newton_forward(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
-                    mode: str) -> torch.Tensor:
+                    mode: str, backend: str = "auto") -> torch.Tensor:
     """``V ≈ (A + eps·I)^{-1}`` without autograd (the start, the iteration and its checked fallback)."""
     m = A.shape[-1]
     with torch.no_grad(), single_thread_if_small(A, A.numel() * m):
@@ -247,20 +268,20 @@ def _newton_forward(A: torch.Tensor, iters: int, eps: float, symmetric: Optional
         if mode == "exact":
             return _exact_inverse(P)
         V0, identity = _start(A, P, symmetric, alpha)
-        V = _iterate(P, V0, iters)
+        V = _iterate(P, V0, iters, backend=backend)
         need = _needs_fallback(P, V, identity)
         if bool(need.any()):        # never traced: compilers see the custom op (or the decomposition below)
-            V = _pick(P, V, _iterate(P, _transposed_start(P), iters), need)
+            V = _pick(P, V, _iterate(P, _transposed_start(P), iters, backend=backend), need)
         return V
 
 
 def _newton_decomposition(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
-                          mode: str) -> torch.Tensor:
+                          mode: str, backend: str = "auto") -> torch.Tensor:
     """:func:`_newton_forward` as a fixed sequence of tensor ops (no Python branch on tensor values): the
     export decomposition of ``vitmix::newton_schulz_inverse``, ``iters`` unrolled ``V <- 2V - V P V``
     steps of batched matmuls. Same start, iteration and residual rule as the eager path (the
     ``"safe"`` start of untied landmarks keeps its Cholesky test and runs both starts, picking one
-    per matrix); ``mode="exact"`` has no such form and raises ``ValueError``."""
+    per matrix); ``mode="exact"`` has no such form and raises ``ValueError``. ``backend`` is ignored."""
     if mode == "exact":
         raise ValueError("newton_schulz_inverse(mode='exact') (an LU solve with a pseudo-inverse fallback for "
                          "singular batches) has no fixed export form; export the model with inverse='newton'")
@@ -291,22 +312,22 @@ def _newton_grad(V: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 class _NewtonInverse(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, iters, eps, symmetric, alpha, mode):
-        V = _newton_forward(A, iters, eps, symmetric, alpha, mode)
+    def forward(ctx, A, iters, eps, symmetric, alpha, mode, backend):
+        V = _newton_forward(A, iters, eps, symmetric, alpha, mode, backend)
         ctx.save_for_backward(V)
         return V
 
     @staticmethod
     def backward(ctx, g):
         (V,) = ctx.saved_tensors
-        return _newton_grad(V, g), None, None, None, None, None
+        return _newton_grad(V, g), None, None, None, None, None, None
 
 
 @torch.library.custom_op("vitmix::newton_schulz_inverse", mutates_args=())
 def _newton_op(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
-               mode: str) -> torch.Tensor:
+               mode: str, backend: str = "auto") -> torch.Tensor:
     """:func:`newton_schulz_inverse` of a float32/float64 batch ``A (..., m, m)`` (validated arguments)."""
-    return _newton_forward(A, iters, eps, symmetric, alpha, mode).contiguous()
+    return _newton_forward(A, iters, eps, symmetric, alpha, mode, backend).contiguous()
 
 
 @torch.library.custom_op("vitmix::newton_schulz_inverse_backward", mutates_args=())
@@ -317,7 +338,7 @@ def _newton_backward_op(V: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 @_newton_op.register_fake
-def _(A, iters, eps, symmetric, alpha, mode):
+def _(A, iters, eps, symmetric, alpha, mode, backend="auto"):
     return A.new_empty(A.shape)
 
 
@@ -332,7 +353,7 @@ def _save_result(ctx, inputs, output):
 
 def _newton_op_grad(ctx, g):
     (V,) = ctx.saved_tensors
-    return _newton_backward_op(V, g), None, None, None, None, None
+    return _newton_backward_op(V, g), None, None, None, None, None, None
 
 
 _newton_op.register_autograd(_newton_op_grad, setup_context=_save_result)
@@ -346,6 +367,7 @@ def newton_schulz_inverse(
     mode: str = "newton",
     alpha: str = "safe",
     return_residual: bool = False,
+    backend: str = "auto",
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Approximate ``(A + eps·I)^{-1}`` for a batch ``A: (..., m, m)`` by Newton–Schulz.
 
@@ -360,6 +382,9 @@ def newton_schulz_inverse(
             non-symmetric matrices), ``"transpose"`` (``αPᵀ`` for non-symmetric ones) or ``"official"``
             (SOFT / LaplacianFormer CUDA: ``α`` from the unperturbed ``A``, ``V0 = αP``).
         return_residual: also return ``||I - P V||_F`` per matrix, shape ``(...,)`` (no gradient).
+        backend: who runs the loop: ``"auto"`` (Triton for CUDA float32 batches with m <= 128, the C
+            kernel on CPU), ``"triton"`` or ``"torch"`` (see ``docs/gpu.md``); the start and the
+            backward are the same for every back end.
 
     Returns:
         ``V`` of shape ``(..., m, m)`` (float32 for half inputs), and the residual if requested.
@@ -367,9 +392,10 @@ def newton_schulz_inverse(
         NaN/Inf in ``A`` propagate to ``V`` (the iteration count is fixed, so nothing can hang).
     """
     iters, eps_f = _validate("newton_schulz_inverse", A, iters, eps, symmetric, alpha, mode)
+    check_backend("newton_schulz_inverse", backend)
     with no_autocast(A.device.type):
         Af = A.to(compute_dtype(A))
-        V = (_newton_op if traced() else _NewtonInverse.apply)(Af, iters, eps_f, symmetric, alpha, mode)
+        V = (_newton_op if traced() else _NewtonInverse.apply)(Af, iters, eps_f, symmetric, alpha, mode, backend)
         if return_residual:
             with torch.no_grad():
                 return V, _residual(_perturb(Af.detach(), eps_f), V.detach())

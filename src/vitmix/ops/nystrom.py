@@ -39,6 +39,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ._common import check_finite_float, compute_dtype, no_autocast, real_tensors, single_thread_if_small
+from ._triton import check_backend
 from .kernels import (
     gaussian_kernel,
     gaussian_kernel_reference,
@@ -156,11 +157,12 @@ def avg_pool_landmarks(x: torch.Tensor, hw, out_hw) -> torch.Tensor:
     return torch.matmul(pool, x.to(pool.dtype)).to(x.dtype)
 
 
-def _kernel_fn(kernel: str, lam: float, reference: bool):
+def _kernel_fn(kernel: str, lam: float, reference: bool, backend: str = "auto"):
+    if reference:
+        return gaussian_kernel_reference if kernel == "gaussian" else lambda x, y: laplacian_kernel_reference(x, y, lam)
     if kernel == "gaussian":
-        return gaussian_kernel_reference if reference else gaussian_kernel
-    fn = laplacian_kernel_reference if reference else laplacian_kernel
-    return lambda x, y: fn(x, y, lam)
+        return lambda x, y: gaussian_kernel(x, y, backend=backend)
+    return lambda x, y: laplacian_kernel(x, y, lam, backend=backend)
 
 
 def nystrom_attention(
@@ -179,6 +181,7 @@ def nystrom_attention(
     *,
     alpha: str = "safe",
     symmetric: Optional[bool] = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Linear-time Nyström kernel attention ``k(Q, L_k) · NS(k(L_q, L_k)) · k(L_q, K) · V``.
 
@@ -197,14 +200,17 @@ def nystrom_attention(
         norm_eps: ε added to the column variances of the injective normalisation.
         alpha, symmetric: Newton–Schulz start (see :func:`vitmix.ops.newton_schulz_inverse`);
             ``alpha="official"`` reproduces the SOFT/LaplacianFormer CUDA kernels.
+        backend: who computes the kernel matrices and the Newton–Schulz loop: ``"auto"`` (Triton for
+            CUDA tensors), ``"triton"`` or ``"torch"`` (see ``docs/gpu.md``).
 
     Returns:
         ``(B, h, N, d_v)`` in the dtype of ``v`` (promoted with ``q``).
     """
     _validate(q, k, v, q_landmarks, k_landmarks, kernel, iters, eps, inverse, normalization, norm_eps)
+    check_backend("nystrom_attention", backend)
     lam_f = _check_lam(lam)
     out_dtype = torch.promote_types(q.dtype, v.dtype)
-    kern = _kernel_fn(kernel, lam_f, reference=False)
+    kern = _kernel_fn(kernel, lam_f, reference=False, backend=backend)
     tied = k is q and k_landmarks is q_landmarks
     tied_landmarks = k_landmarks is q_landmarks
     with no_autocast(q.device.type):
@@ -216,7 +222,8 @@ def nystrom_attention(
         ck = cq if tied else kern(kf, lqf)                  # (…, N_k, m)
         w = kern(lqf, lkf)                                  # (…, m, m)
         sym = True if tied_landmarks else symmetric
-        M = newton_schulz_inverse(w, iters=iters, eps=eps, symmetric=sym, mode=inverse, alpha=alpha)
+        M = newton_schulz_inverse(w, iters=iters, eps=eps, symmetric=sym, mode=inverse, alpha=alpha,
+                                  backend=backend)
         if normalization == "soft_norm":
             dinv = w.sum(-1).rsqrt()
             M = dinv.unsqueeze(-1) * M * dinv.unsqueeze(-2)

@@ -7,10 +7,12 @@ queries attend to all keys. Three implementations of that pattern:
 - :func:`sparse_diagonal_attention` — the real thing: each query scores only its ``P + 2|F_h|``
   keys, O(N·|F|·d) time and memory, no ``N × N`` tensor in forward or backward. A fused custom
   autograd function saves only ``q, k, v``, the output and one log-sum-exp per row; backward
-  recomputes the scores. Two backends: ``"c"`` — a small multithreaded C kernel compiled on first
-  use with the system compiler (CPU, float32/float64), and ``"torch"`` — vectorised PyTorch, one
-  ``index_select`` per offset slot, any device. ``backend="auto"`` picks ``"c"`` on CPU when a compiler is
-  available, else ``"torch"``.
+  recomputes the scores. Three backends: ``"c"`` — a small multithreaded C kernel compiled on first
+  use with the system compiler (CPU, float32/float64), ``"triton"`` — Triton kernels (CUDA; CPU only
+  under ``TRITON_INTERPRET=1``; float32/float16/bfloat16, head dim ≤ 256, see ``docs/gpu.md``), and
+  ``"torch"`` — vectorised PyTorch, one ``index_select`` per offset slot, any device.
+  ``backend="auto"`` picks ``"triton"`` for CUDA tensors when it can run, ``"c"`` on CPU when a compiler
+  is available, else ``"torch"``.
 - :func:`masked_diagonal_attention` — dense scores with ``-inf`` outside the pattern: the
   reference semantics (O(N²)).
 - :func:`official_diagonal_attention` — the official Fibottention code's *multiplicative* mask:
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 
 from ._cbuild import CKernel
 from ._common import real_tensors, traced
+from ._triton import wants_triton
 from .fibonacci import check_offsets, offsets_mask
 
 __all__ = [
@@ -43,7 +46,11 @@ __all__ = [
 ]
 
 #: values accepted by ``sparse_diagonal_attention(backend=...)``
-BACKENDS = ("auto", "c", "torch")
+BACKENDS = ("auto", "c", "torch", "triton")
+
+#: what the Triton kernels accept (anything else runs the PyTorch path with a one-time warning)
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TRITON_MAX_HEAD_DIM = 256
 
 
 # --------------------------------------------------------------------------------------------- plan
@@ -339,11 +346,15 @@ def _torch_backward(qp, k, v, out, lse, dout, plan, p, scale):
     return dq, dk_patch.contiguous(), dv_patch.contiguous()
 
 
-def _diagonal_forward(q, k, v, plan, p, scale, lib):
-    """``(out, lse, lse_pre)`` of the C kernel (``lib``) or the PyTorch path (``lse_pre`` ``None`` when
-    ``p = 0``); the C kernel reads strided q/k/v in place and returns a token-major output."""
-    if lib is not None:
-        return _c_forward(lib, _unit_last(q), _unit_last(k), _unit_last(v), plan, p, scale)
+def _diagonal_forward(q, k, v, plan, p, scale, engine):
+    """``(out, lse, lse_pre)`` of ``engine`` (``"c"``, ``"triton"`` or ``"torch"``; ``lse_pre`` may be ``None``
+    when ``p = 0``); the C and Triton kernels read strided q/k/v in place and return a token-major output."""
+    if engine == "triton":
+        from . import _triton_diagonal
+
+        return _triton_diagonal.diagonal_forward(_unit_last(q), _unit_last(k), _unit_last(v), plan, p, scale)
+    if engine == "c":
+        return _c_forward(_load_kernel(), _unit_last(q), _unit_last(k), _unit_last(v), plan, p, scale)
     out, lse = _torch_forward(q[:, :, p:], k, v, plan, p, scale)
     lse_pre = None
     if p:
@@ -352,9 +363,14 @@ def _diagonal_forward(q, k, v, plan, p, scale, lib):
     return out, lse, lse_pre
 
 
-def _diagonal_backward(dout, q, k, v, out, lse, lse_pre, plan, p, scale, lib, like_inputs=True):
-    if lib is not None:
-        return _c_backward(lib, q, k, v, out, lse, lse_pre, _unit_last(dout), plan, p, scale, like_inputs)
+def _diagonal_backward(dout, q, k, v, out, lse, lse_pre, plan, p, scale, engine, like_inputs=True):
+    if engine == "triton":
+        from . import _triton_diagonal
+
+        return _triton_diagonal.diagonal_backward(_unit_last(dout), q, k, v, out, lse, lse_pre, plan, p, scale)
+    if engine == "c":
+        return _c_backward(_load_kernel(), q, k, v, out, lse, lse_pre, _unit_last(dout), plan, p, scale,
+                           like_inputs)
     dq, dk, dv = _torch_backward(q[:, :, p:], k, v, out[:, :, p:], lse, dout[:, :, p:], plan, p, scale)
     if p:
         wpre, dspre = _prefix_backward(q, k, v, out, dout, lse_pre, p, scale)
@@ -366,23 +382,22 @@ def _diagonal_backward(dout, q, k, v, out, lse, lse_pre, plan, p, scale, lib, li
 
 class _DiagonalAttention(torch.autograd.Function):
     """Multi-diagonal attention over the full sequence (eager calls). Saves q, k, v, out and one
-    log-sum-exp per row (all O(T·d)); backward recomputes the scores. The C backend reads strided
-    q/k/v in place and returns token-major outputs, so the mixer's head merge is free."""
+    log-sum-exp per row (all O(T·d)); backward recomputes the scores. The C and Triton backends read
+    strided q/k/v in place and return token-major outputs, so the mixer's head merge is free."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, p, scale, use_c):
-        lib = _load_kernel() if use_c else None
-        if lib is not None:
+    def forward(ctx, q, k, v, plan, p, scale, engine):
+        if engine != "torch":
             q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        out, lse, lse_pre = _diagonal_forward(q, k, v, plan, p, scale, lib)
+        out, lse, lse_pre = _diagonal_forward(q, k, v, plan, p, scale, engine)
         ctx.save_for_backward(q, k, v, out, lse, lse_pre)
-        ctx.plan, ctx.p, ctx.scale, ctx.lib = plan, p, scale, lib
+        ctx.plan, ctx.p, ctx.scale, ctx.engine = plan, p, scale, engine
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, lse_pre = ctx.saved_tensors
-        dq, dk, dv = _diagonal_backward(dout, q, k, v, out, lse, lse_pre, ctx.plan, ctx.p, ctx.scale, ctx.lib)
+        dq, dk, dv = _diagonal_backward(dout, q, k, v, out, lse, lse_pre, ctx.plan, ctx.p, ctx.scale, ctx.engine)
         return dq, dk, dv, None, None, None, None
 
 
@@ -401,12 +416,12 @@ def _unflatten_offsets(flat: Sequence[int], counts: Sequence[int]) -> Tuple[Tupl
     return tuple(tuple(int(d) for d in flat[s:s + c]) for s, c in zip(starts, counts))
 
 
-def _op_setup(q, offsets, offset_counts, p, backend):
-    """The kernel library (or ``None`` for the PyTorch path) and the cached plan of one op call."""
-    lib = _load_kernel() if _backend_uses_c(q.device, backend) else None
+def _op_setup(q, k, v, offsets, offset_counts, p, backend):
+    """The engine (``"c"``, ``"triton"`` or ``"torch"``) and the cached plan of one op call."""
+    engine = _engine(q, k, v, backend)
     plan = _plan_cached(_unflatten_offsets(offsets, offset_counts), q.shape[2] - p,
-                        "cpu" if lib is not None else str(q.device))
-    return lib, plan
+                        "cpu" if engine == "c" else str(q.device))
+    return engine, plan
 
 
 def _as_token_major(t: torch.Tensor) -> torch.Tensor:
@@ -419,8 +434,8 @@ def _diagonal_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: Lis
                  num_prefix_tokens: int, scale: float, backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, lse, lse_pre)`` of :func:`sparse_diagonal_attention` for float32/float64 ``q, k, v``."""
     p = num_prefix_tokens
-    lib, plan = _op_setup(q, offsets, offset_counts, p, backend)
-    out, lse, lse_pre = _diagonal_forward(q, k, v, plan, p, scale, lib)
+    engine, plan = _op_setup(q, k, v, offsets, offset_counts, p, backend)
+    out, lse, lse_pre = _diagonal_forward(q, k, v, plan, p, scale, engine)
     if lse_pre is None:
         lse_pre = q.new_empty(q.shape[0], q.shape[1], 0)
     return _as_token_major(out), lse.contiguous(), lse_pre.contiguous()
@@ -433,8 +448,8 @@ def _diagonal_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
                           backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` of :func:`_diagonal_op` from ``dout`` and its saved inputs and outputs."""
     p = num_prefix_tokens
-    lib, plan = _op_setup(q, offsets, offset_counts, p, backend)
-    grads = _diagonal_backward(dout, q, k, v, out, lse, lse_pre, plan, p, scale, lib, like_inputs=False)
+    engine, plan = _op_setup(q, k, v, offsets, offset_counts, p, backend)
+    grads = _diagonal_backward(dout, q, k, v, out, lse, lse_pre, plan, p, scale, engine, like_inputs=False)
     return tuple(_as_token_major(g) for g in grads)
 
 
@@ -514,13 +529,14 @@ def sparse_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         num_prefix_tokens: ``P``; prefix queries attend to all keys (dense, ``O(P·T·d)``) and every
             query attends to the prefix keys.
         scale: logit scale, default ``d ** -0.5``.
-        backend: ``"auto"`` | ``"c"`` | ``"torch"`` (see the module docstring). ``"c"`` raises
-            ``ValueError`` when the kernel is unavailable or the input is not on the CPU.
+        backend: ``"auto"`` | ``"c"`` | ``"torch"`` | ``"triton"`` (see the module docstring). ``"c"``
+            raises ``ValueError`` when the kernel is unavailable or the input is not on the CPU;
+            ``"triton"`` runs the PyTorch path with a one-time warning naming the reason when it cannot run.
 
     Returns:
         ``(B, H, P + N, d)`` in the dtype of ``q`` (half precision is computed in float32). With the C
-        backend this is a view of a token-major ``(B, P + N, H, d)`` buffer (``out.transpose(1, 2)``
-        is contiguous), so merging heads costs no copy.
+        and Triton backends this is a view of a token-major ``(B, P + N, H, d)`` buffer
+        (``out.transpose(1, 2)`` is contiguous), so merging heads costs no copy.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -528,15 +544,16 @@ def sparse_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     p = num_prefix_tokens
     scale = _resolve_scale(scale, q.shape[-1])
     dtype = _compute_dtype(q)
-    qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
     if traced():
         if backend == "c" and q.device.type != "cpu":
             raise ValueError(_C_ON_CPU_ONLY)
         flat, counts = _flatten_offsets(_traced_offsets(offsets, q, p))
-        return _diagonal_op(qc, kc, vc, flat, counts, p, scale, backend)[0].to(q.dtype)
+        return _diagonal_op(q.to(dtype), k.to(dtype), v.to(dtype), flat, counts, p, scale, backend)[0].to(q.dtype)
     plan = _plan_for(offsets, q, p)
-    use_c = _backend_uses_c(q.device, backend)
-    out = _DiagonalAttention.apply(qc, kc, vc, plan.to("cpu") if use_c else plan, p, scale, use_c)
+    engine = _engine(q, k, v, backend)
+    # the Triton kernels read half precision as is (computing in float32): no upcast copies
+    qc, kc, vc = (q, k, v) if engine == "triton" else (q.to(dtype), k.to(dtype), v.to(dtype))
+    out = _DiagonalAttention.apply(qc, kc, vc, plan.to("cpu") if engine == "c" else plan, p, scale, engine)
     return out.to(q.dtype)
 
 
@@ -552,6 +569,29 @@ def _backend_uses_c(device: torch.device, backend: str) -> bool:
         if _load_kernel() is None:
             raise ValueError("backend='c' needs a working C compiler (cc/gcc/clang, or CC=...); use backend='torch'")
     return on_cpu and backend in ("auto", "c") and _load_kernel() is not None
+
+
+def _triton_unsupported(q, k, v) -> Optional[str]:
+    """Why the Triton kernels cannot take ``q, k, v``, or ``None`` when they can."""
+    for t in (q, k, v):
+        if t.dtype not in _TRITON_DTYPES:
+            return f"dtype {t.dtype} (supported: float32, float16, bfloat16)"
+    if q.shape[-1] > _TRITON_MAX_HEAD_DIM:
+        return f"head dim {q.shape[-1]} (supported: up to {_TRITON_MAX_HEAD_DIM})"
+    if q.shape[0] * q.shape[1] > 65535:  # the second launch-grid axis of a CUDA kernel
+        return f"batch·heads = {q.shape[0] * q.shape[1]} (supported: up to 65535)"
+    return None
+
+
+def _engine(q, k, v, backend: str) -> str:
+    """``"triton"``, ``"c"`` or ``"torch"``: what ``backend`` runs on ``q, k, v`` (``"triton"`` asked for but
+    impossible warns once and runs ``"torch"``; an impossible ``"c"`` raises ``ValueError``)."""
+    if backend in ("auto", "triton") and wants_triton("sparse_diagonal_attention", q, backend,
+                                                      _triton_unsupported(q, k, v)):
+        return "triton"
+    if backend == "triton":
+        return "torch"
+    return "c" if _backend_uses_c(q.device, backend) else "torch"
 
 
 def _traced_offsets(offsets, q, p) -> Tuple[Tuple[int, ...], ...]:

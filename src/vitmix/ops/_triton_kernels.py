@@ -1,0 +1,206 @@
+"""Triton kernels of the Gaussian and Laplacian kernel matrices, forward and backward (private).
+
+For ``x: (..., N, d)`` and ``y: (..., M, d)`` with equal (possibly broadcast, any-strided) leading dims:
+
+* forward: ``out[i, j] = exp(scale · Σ_c f(x_ic − y_jc))`` with ``f(t) = |t|``, ``scale = −1/λ``
+  (Laplacian) or ``f(t) = t²``, ``scale = −1/2`` (Gaussian; the exact difference, no GEMM expansion,
+  so nothing can round below 0). One program per ``(batch·head, N-tile, M-tile)`` keeps a
+  ``BLOCK_N×BLOCK_M`` accumulator and loops over ``d`` in ``BLOCK_D`` chunks: no ``N×M×d`` tensor.
+* backward: with ``c_ij = coef · g_ij · out_ij`` (``coef = −1/λ`` resp. ``−1``) and the odd function
+  ``h(t) = sign(t)`` (``sign(0) = 0``) resp. ``h(t) = t``:
+  ``grad_x_i = Σ_j c_ij h(x_i − y_j)`` and, because ``h`` is odd, ``grad_y_j = Σ_i c_ij h(y_j − x_i)``:
+  the same kernel with the roles of ``x`` and ``y`` swapped and ``g``/``out`` read transposed. The sum
+  over the partner axis is split into chunks of ``_SPLIT_ROWS`` (enough programs to fill a GPU when
+  the partner is the long token axis); the per-chunk partial sums are added by PyTorch, so there are
+  no atomics and the result is deterministic.
+
+Everything is computed in float32 whatever the input dtype (float32, float16 or bfloat16 are loaded
+and converted in registers); the output is float32, the gradients have the dtype of their input.
+``triton`` is imported on first use only (:func:`_forward_kernel`, :func:`_grad_kernel`), so this
+module imports without it.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+#: partner-axis chunk of one backward program (the partial sums of the chunks are added by PyTorch)
+_SPLIT_ROWS = 1024
+_FWD_BLOCKS = dict(BLOCK_N=32, BLOCK_M=32, BLOCK_D=8)
+_BWD_BLOCKS = dict(BLOCK_A=32, BLOCK_B=32, BLOCK_D=8)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_kernel():
+    """The ``@triton.jit`` forward, defined on first use (``triton`` is optional)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def pair_forward(x_ptr, y_ptr, out_ptr, H, N, M, D, sxb, sxh, sxn, sxd, syb, syh, sym, syd, scale,
+                     L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        tiles_n, tiles_m = tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M)
+        pid = tl.program_id(0)
+        bh, tile = pid // (tiles_n * tiles_m), pid % (tiles_n * tiles_m)
+        b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+        rows = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = (tile % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+        x_rows = x_ptr + b * sxb + h * sxh + rows[:, None].to(tl.int64) * sxn
+        y_rows = y_ptr + b * syb + h * syh + cols[:, None].to(tl.int64) * sym
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            ch = d0 + tl.arange(0, BLOCK_D)
+            # masked rows/channels load 0 on both sides: a zero difference adds nothing
+            xt = tl.load(x_rows + ch[None, :] * sxd, mask=(rows[:, None] < N) & (ch[None, :] < D), other=0.0)
+            yt = tl.load(y_rows + ch[None, :] * syd, mask=(cols[:, None] < M) & (ch[None, :] < D), other=0.0)
+            diff = xt.to(tl.float32)[:, None, :] - yt.to(tl.float32)[None, :, :]
+            if L1:
+                acc += tl.sum(tl.abs(diff), axis=2)
+            else:
+                acc += tl.sum(diff * diff, axis=2)
+        out_rows = out_ptr + bh.to(tl.int64) * N * M + rows[:, None].to(tl.int64) * M
+        tl.store(out_rows + cols[None, :], tl.exp(acc * scale), mask=(rows[:, None] < N) & (cols[None, :] < M))
+
+    return pair_forward
+
+
+@functools.lru_cache(maxsize=None)
+def _grad_kernel():
+    """The ``@triton.jit`` gradient of one side, defined on first use."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def pair_grad(a_ptr, b_ptr, g_ptr, o_ptr, part_ptr, H, NA, NB, D, SPLITS, CHUNK,
+                  sab, sah, san, sad, sbb, sbh, sbn, sbd, sgb, sgh, sga, sgo, sob, soh, soa, soo, coef,
+                  L1: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
+        tiles_a, tiles_d = tl.cdiv(NA, BLOCK_A), tl.cdiv(D, BLOCK_D)
+        pid = tl.program_id(0)
+        per_bh = SPLITS * tiles_a * tiles_d
+        bh, rest = pid // per_bh, pid % per_bh
+        split, tile = rest // (tiles_a * tiles_d), rest % (tiles_a * tiles_d)
+        b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+        rows = (tile // tiles_d) * BLOCK_A + tl.arange(0, BLOCK_A)
+        ch = (tile % tiles_d) * BLOCK_D + tl.arange(0, BLOCK_D)
+        rows64 = rows.to(tl.int64)
+        a_mask = (rows[:, None] < NA) & (ch[None, :] < D)
+        at = tl.load(a_ptr + b * sab + h * sah + rows64[:, None] * san + ch[None, :] * sad, mask=a_mask,
+                     other=0.0).to(tl.float32)
+        b_base = b_ptr + b * sbb + h * sbh
+        g_rows = g_ptr + b * sgb + h * sgh + rows64[:, None] * sga
+        o_rows = o_ptr + b * sob + h * soh + rows64[:, None] * soa
+        acc = tl.zeros((BLOCK_A, BLOCK_D), dtype=tl.float32)
+        start = split * CHUNK
+        for j0 in range(start, tl.minimum(start + CHUNK, NB), BLOCK_B):
+            cols = j0 + tl.arange(0, BLOCK_B)
+            cols64 = cols.to(tl.int64)
+            bt = tl.load(b_base + cols64[:, None] * sbn + ch[None, :] * sbd,
+                         mask=(cols[:, None] < NB) & (ch[None, :] < D), other=0.0).to(tl.float32)
+            pair_mask = (rows[:, None] < NA) & (cols[None, :] < NB)
+            w = (tl.load(g_rows + cols64[None, :] * sgo, mask=pair_mask, other=0.0).to(tl.float32)
+                 * tl.load(o_rows + cols64[None, :] * soo, mask=pair_mask, other=0.0).to(tl.float32))
+            diff = at[:, None, :] - bt[None, :, :]
+            if L1:
+                diff = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))     # sign(0) = 0
+            acc += tl.sum(w[:, :, None] * diff, axis=1)
+        part = part_ptr + ((bh.to(tl.int64) * SPLITS + split) * NA + rows64[:, None]) * D + ch[None, :]
+        tl.store(part, acc * coef, mask=a_mask)
+
+    return pair_grad
+
+
+def _as4d(t: torch.Tensor) -> torch.Tensor:
+    """``t (..., R, d)`` as ``(B, H, R, d)``: a view for up to two leading dims (strides kept, broadcast
+    dims included), a reshape (a copy where needed) beyond."""
+    if t.dim() == 2:
+        return t[None, None]
+    if t.dim() == 3:
+        return t[:, None]
+    if t.dim() == 4:
+        return t
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def _strides(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+
+def pair_forward(x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float) -> torch.Tensor:
+    """``exp(scale · Σ_c f(x_ic − y_jc))`` in float32, shape ``(..., N, M)`` (no autograd)."""
+    x4, y4 = _as4d(x), _as4d(y)
+    B, H, N, D = x4.shape
+    M = y4.shape[2]
+    out = torch.empty(B, H, N, M, dtype=torch.float32, device=x.device)
+    if out.numel():
+        bl = _FWD_BLOCKS
+        grid = (B * H * -(-N // bl["BLOCK_N"]) * -(-M // bl["BLOCK_M"]),)
+        _forward_kernel()[grid](x4, y4, out, H, N, M, D, *_strides(x4), *_strides(y4), float(scale), L1=l1, **bl)
+    return out.view(*x.shape[:-1], M)
+
+
+def _grad_one_side(a4, b4, g4, o4, l1: bool, coef: float, transposed: bool) -> torch.Tensor:
+    """``Σ_partner c · h(a − b)`` for every row of ``a`` (``transposed``: ``a`` is the column side of
+    ``g``/``out``), float32 ``(B, H, NA, d)``."""
+    B, H, NA, D = a4.shape
+    NB = b4.shape[2]
+    sg, so = _strides(g4), _strides(o4)
+    if transposed:
+        sg, so = (sg[0], sg[1], sg[3], sg[2]), (so[0], so[1], so[3], so[2])
+    bl = _BWD_BLOCKS
+    chunk = max(bl["BLOCK_B"], -(-_SPLIT_ROWS // bl["BLOCK_B"]) * bl["BLOCK_B"])
+    splits = max(1, -(-NB // chunk))
+    part = torch.empty(B, H, splits, NA, D, dtype=torch.float32, device=a4.device)
+    if part.numel():
+        grid = (B * H * splits * -(-NA // bl["BLOCK_A"]) * -(-D // bl["BLOCK_D"]),)
+        _grad_kernel()[grid](a4, b4, g4, o4, part, H, NA, NB, D, splits, chunk, *_strides(a4), *_strides(b4),
+                            *sg, *so, float(coef), L1=l1, **bl)
+    return part.sum(2) if splits > 1 else part[:, :, 0]
+
+
+def pair_grads(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, l1: bool, coef: float,
+               need_x: bool = True, need_y: bool = True) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """``(dL/dx, dL/dy)`` from ``g = dL/dout`` and the saved output, in the dtypes of ``x`` and ``y``."""
+    x4, y4, g4, o4 = _as4d(x), _as4d(y), _as4d(g), _as4d(out)
+    gx = _grad_one_side(x4, y4, g4, o4, l1, coef, False).reshape(x.shape).to(x.dtype) if need_x else None
+    gy = _grad_one_side(y4, x4, g4, o4, l1, coef, True).reshape(y.shape).to(y.dtype) if need_y else None
+    return gx, gy
+
+
+def _constants(kind: str, lam: float) -> Tuple[bool, float, float]:
+    """``(l1, forward scale, backward coefficient)`` of ``kind``."""
+    if kind == "laplacian":
+        return True, -1.0 / lam, -1.0 / lam
+    return False, -0.5, -1.0
+
+
+def kernel_forward(kind: str, x: torch.Tensor, y: torch.Tensor, lam: float = 1.0) -> torch.Tensor:
+    """Forward of ``kind`` (``"gaussian"`` or ``"laplacian"``), float32, without autograd."""
+    l1, scale, _ = _constants(kind, lam)
+    return pair_forward(x, y, l1, scale)
+
+
+def kernel_grads(kind: str, g, x, y, out, lam: float = 1.0, need_x: bool = True, need_y: bool = True):
+    """Gradients of :func:`kernel_forward` w.r.t. ``x`` and ``y``."""
+    l1, _, coef = _constants(kind, lam)
+    return pair_grads(g, x, y, out, l1, coef, need_x, need_y)
+
+
+class TritonPairKernel(torch.autograd.Function):
+    """Kernel matrix ``kind`` of same-batch ``x``, ``y`` by Triton; saves only ``x``, ``y`` and the output."""
+
+    @staticmethod
+    def forward(ctx, x, y, kind: str, lam: float):
+        out = kernel_forward(kind, x, y, lam)
+        ctx.save_for_backward(x, y, out)
+        ctx.kind, ctx.lam = kind, lam
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        x, y, out = ctx.saved_tensors
+        gx, gy = kernel_grads(ctx.kind, g, x, y, out, ctx.lam, *ctx.needs_input_grad[:2])
+        return gx, gy, None, None
