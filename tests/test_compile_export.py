@@ -198,6 +198,25 @@ def test_mixer_in_a_timm_vit_compiles_and_matches_eager(row):
     _check_compile(_mixer_model(row["mixer"]), row["torch.compile"])
 
 
+@pytest.mark.parametrize("row", [r for r in MIXERS if r["torch.compile"] == "yes"], ids=lambda r: r["mixer"])
+def test_fresh_mixer_compiles_once_in_training(row):
+    """What a user does: compile a new layer (empty pattern caches) and train. One graph serves every
+    call: no graph break while a pattern is built, no recompilation once it is cached or while a
+    counter advances (Performer's feature redraw)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    layer = vitmix.mixers.create(row["mixer"], 32, num_heads=2).train()
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    x = torch.randn(2, 17, 32, requires_grad=True)
+    for _ in range(3):
+        compiled(x).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["recompiles"])
+    torch._dynamo.reset()
+
+
 @pytest.mark.slow
 def test_inductor_fwd_bwd_matches_eager():
     """End to end with inductor (about a minute with a cold inductor cache): the custom ops' fake

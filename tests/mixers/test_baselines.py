@@ -88,6 +88,29 @@ def test_performer_redraws_every_interval_in_training_only():
     assert torch.equal(fixed.directions, before)
 
 
+def test_performer_compiled_training_redraws_without_recompiling():
+    """Under torch.compile the counter lives in the buffer and torch.cond picks the redraw: one graph for
+    every training forward (a Python counter would recompile each forward) and the same redraw steps."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    layer = mixers.create("performer", 32, 2, redraw_interval=2).train()
+    compiled = torch.compile(layer, fullgraph=True)
+    x = torch.randn(1, 10, 32, requires_grad=True)
+    changed, counts = [], []
+    for _ in range(5):
+        before = layer.directions.clone()
+        compiled(x).sum().backward()
+        changed.append(not torch.equal(layer.directions, before))
+        counts.append(int(layer.forwards_since_draw))
+    assert changed == [False, False, True, False, True] and counts == [1, 2, 1, 2, 1]
+    assert counters["stats"]["unique_graphs"] == 1
+    layer(x)                                  # eager again: continues from the buffer, redraws at the interval
+    assert int(layer.forwards_since_draw) == 2
+    torch._dynamo.reset()
+
+
 def test_nystromformer_pinv_converges_and_landmarks_are_segment_means():
     torch.manual_seed(0)
     a = torch.softmax(torch.randn(2, 8, 8, dtype=torch.float64), -1)

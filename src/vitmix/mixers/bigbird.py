@@ -39,6 +39,7 @@ from ..ops._common import real_tensors
 from ..ops.index_sparse import IndexPattern, index_mask, index_pattern, index_sparse_attention, masked_index_attention
 from .base import AttentionProjections, TokenMixer
 from .longformer import PrefixOnlyGrid, check_sparse_options, positive_int, prefix_only_grid
+from ._cache import cached_pattern
 from .registry import register_mixer
 
 __all__ = ["BigBirdAttention", "bigbird_index"]
@@ -75,6 +76,17 @@ def bigbird_index(num_tokens: int, num_heads: int, block_size: int = 8, window_b
     key_blocks = torch.cat([window, rand], dim=-1)                                         # (H, nb, R)
     tokens = key_blocks[..., None] * b + torch.arange(b)                                   # (H, nb, R, b)
     return torch.where((key_blocks[..., None] >= 0) & (tokens < n), tokens, -1).flatten(2)
+
+
+@torch.compiler.assume_constant_result
+def _constant_index(num_tokens: int, num_heads: int, block_size: int, window_blocks: int, random_blocks: int,
+                    seed: int, device: str) -> torch.Tensor:
+    """:func:`bigbird_index`, checked. Under ``torch.compile`` a constant of the graph: dynamo runs it once
+    while tracing (it cannot trace the ``torch.Generator`` the random blocks are drawn with). Real tensors
+    made outside ``inference_mode``: a cached pattern must serve a later backward and a later eager call."""
+    with torch.inference_mode(False), real_tensors():
+        index = bigbird_index(num_tokens, num_heads, block_size, window_blocks, random_blocks, seed)
+        return index_pattern(index, num_tokens, block_size).index.to(device)
 
 
 @register_mixer("bigbird")
@@ -124,23 +136,17 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         """The layer's key lists for ``num_tokens`` patch tokens (cached per N and device)."""
         if self._seed is None:
             self._seed = int(self.pattern_seed)
-        key = ("pattern", num_tokens, str(device), self._seed)
-        if key not in self._cache:
-            # a cached tensor made under inference_mode could never be saved for a later backward, and one
-            # made while torch.export traces would be fake
-            with torch.inference_mode(False), real_tensors():
-                index = bigbird_index(num_tokens, self.num_heads, self.block_size, self.window_blocks,
-                                      self.random_blocks, self._seed)
-                self._cache[key] = index_pattern(index, num_tokens, self.block_size).to(device or "cpu")
-        return self._cache[key]
+        return cached_pattern(self._cache, ("pattern", num_tokens, str(device), self._seed), lambda: IndexPattern(
+            _constant_index(num_tokens, self.num_heads, self.block_size, self.window_blocks, self.random_blocks,
+                            self._seed, str(device or "cpu")), num_tokens, self.block_size))
 
     def _mask(self, num_tokens: int, prefix: int, device) -> torch.Tensor:
         pattern = self.pattern(num_tokens, device)
-        key = ("mask", num_tokens, prefix, str(device), self._seed)
-        if key not in self._cache:
+
+        def build():
             with torch.inference_mode(False), real_tensors():
-                self._cache[key] = index_mask(pattern, prefix, device)
-        return self._cache[key]
+                return index_mask(pattern, prefix, device)
+        return cached_pattern(self._cache, ("mask", num_tokens, prefix, str(device), self._seed), build)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix, n, q, k, v = self._prefix_qkv(x, grid)

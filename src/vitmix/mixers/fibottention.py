@@ -38,6 +38,7 @@ from ..ops.sparse_diagonal import (
 from .base import AttentionProjections, TokenMixer, close_matches
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .flops import linears_flops
+from ._cache import cached_pattern
 from .registry import register_mixer
 
 __all__ = ["FibottentionAttention", "assign_layer_indices", "MODES"]
@@ -69,7 +70,7 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         include_diagonal: ``None`` (default) keeps the variant's choice — the default variant
             excludes the main diagonal (a patch token does not attend to itself); ``True`` adds it
             to every head, ``False`` removes it from every head.
-        backend: sparse-mode kernel, ``"auto"`` | ``"c"`` | ``"torch"``
+        backend: sparse-mode kernel, ``"auto"`` | ``"c"`` | ``"torch"`` | ``"triton"``
             (see :func:`~vitmix.ops.sparse_diagonal.sparse_diagonal_attention`).
         See :class:`~vitmix.mixers.base.TokenMixer` for the shared timm arguments. ``attn_drop``
         is supported in ``masked``/``official`` modes only. The token grid is used only for its
@@ -151,16 +152,13 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
                                  include_diagonal=self.include_diagonal)
 
     def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
-        key = (kind, num_tokens, prefix, str(device))
-        hit = self._cache.get(key)
-        if hit is None:
+        """The sparse plan (while traced: the offsets, all the custom op needs) or the dense mask."""
+        def build():
             offsets = self.head_offsets(num_tokens)
-            if kind == "plan":
-                hit = diagonal_plan(offsets, num_tokens, device)
-            else:
-                hit = offsets_mask(offsets, num_tokens, prefix, device=device)
-            self._cache[key] = hit
-        return hit
+            if kind == "mask":
+                return offsets_mask(offsets, num_tokens, prefix, device=device)
+            return offsets if torch.compiler.is_compiling() else diagonal_plan(offsets, num_tokens, device)
+        return cached_pattern(self._cache, (kind, num_tokens, prefix, str(device)), build)
 
     # ------------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,

@@ -36,6 +36,7 @@ from torch import nn
 from ..ops.fibonacci import interaction_counts, offsets_mask
 from ..ops.sparse_diagonal import BACKENDS, diagonal_plan, masked_diagonal_attention, sparse_diagonal_attention
 from .base import AttentionProjections, TokenMixer, close_matches
+from ._cache import cached_pattern
 from .registry import register_mixer
 
 __all__ = ["LongformerAttention", "PrefixOnlyGrid", "window_offsets", "prefix_only_grid", "SPARSE_MODES"]
@@ -112,7 +113,7 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         global_projections: separate ``Q_g, K_g, V_g`` for the global (prefix) rows, as in the
             paper (default False; see the module docstring).
         mode: ``"sparse"`` (default) or ``"masked"`` (dense reference; supports ``attn_drop``).
-        backend: sparse kernel, ``"auto"`` | ``"c"`` | ``"torch"`` (see
+        backend: sparse kernel, ``"auto"`` | ``"c"`` | ``"torch"`` | ``"triton"`` (see
             :func:`~vitmix.ops.sparse_diagonal.sparse_diagonal_attention`).
         See :class:`~vitmix.mixers.base.TokenMixer` for the shared arguments. Only the prefix count
         of the grid is used: with ``num_prefix_tokens`` given and no ``hw``, any length works.
@@ -138,12 +139,13 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         return [window_offsets(self.radius, self.dilation, num_tokens)] * self.num_heads
 
     def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
-        key = (kind, num_tokens, prefix, str(device))
-        if key not in self._cache:
+        """The sparse plan (while traced: the offsets, all the custom op needs) or the dense mask."""
+        def build():
             offsets = self.head_offsets(num_tokens)
-            self._cache[key] = (diagonal_plan(offsets, num_tokens, device) if kind == "plan"
-                                else offsets_mask(offsets, num_tokens, prefix, device=device))
-        return self._cache[key]
+            if kind == "mask":
+                return offsets_mask(offsets, num_tokens, prefix, device=device)
+            return offsets if torch.compiler.is_compiling() else diagonal_plan(offsets, num_tokens, device)
+        return cached_pattern(self._cache, (kind, num_tokens, prefix, str(device)), build)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix, n, q, k, v = self._prefix_qkv(x, grid)

@@ -14,6 +14,7 @@ head for keys), which cancels in the normalisation; features run in float32 unde
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -36,6 +37,11 @@ def orthogonal_gaussian(m: int, d: int, generator: Optional[torch.Generator] = N
     w = torch.cat(blocks)[:m]
     norms = torch.randn(m, d, generator=generator).norm(dim=-1, keepdim=True)
     return w * norms
+
+
+def _fresh_directions(m: int, d: int, like: torch.Tensor) -> torch.Tensor:
+    """New directions shaped and typed like ``like`` (a ``torch.cond`` branch of the compiled redraw)."""
+    return orthogonal_gaussian(m, d).to(like)
 
 
 def positive_features(x: torch.Tensor, w: torch.Tensor, per_row: bool) -> torch.Tensor:
@@ -97,14 +103,31 @@ class PerformerAttention(AttentionProjections, TokenMixer):
         self.forwards_since_draw.zero_()
         self._since_draw = 0
 
+    def _count_forward(self) -> None:
+        """Count a training forward; redraw the directions when ``redraw_interval`` forwards have passed."""
+        if torch.compiler.is_compiling():
+            self._count_forward_traced()
+            return
+        if self._since_draw is None:
+            self._since_draw = int(self.forwards_since_draw)
+        if self._since_draw >= self.redraw_interval:
+            self.redraw_features()
+        self._since_draw += 1
+        self.forwards_since_draw.fill_(self._since_draw)
+
+    def _count_forward_traced(self) -> None:
+        """The same count for ``torch.compile``: in the buffer, with ``torch.cond`` choosing a redraw. A
+        Python counter would be a constant of the compiled graph (one recompilation per forward)."""
+        count = self.forwards_since_draw
+        redraw = count >= self.redraw_interval
+        fresh = functools.partial(_fresh_directions, self.num_features, self.head_dim)
+        self.directions.copy_(torch.cond(redraw, fresh, torch.clone, (self.directions,)))
+        count.copy_(torch.where(redraw, torch.ones_like(count), count + 1))
+        self._since_draw = None  # an eager forward after compiled ones re-reads the buffer
+
     def mix(self, x, grid=None, attn_mask=None, is_causal=False):
         if self.training and self.redraw_interval is not None:
-            if self._since_draw is None:
-                self._since_draw = int(self.forwards_since_draw)
-            if self._since_draw >= self.redraw_interval:
-                self.redraw_features()
-            self._since_draw += 1
-            self.forwards_since_draw.fill_(self._since_draw)
+            self._count_forward()
         q, k, v = self._qkv(x)
         with no_autocast(q.device.type):
             dt = torch.promote_types(q.dtype, torch.float32)
