@@ -45,6 +45,8 @@ FAMILY_CONFIGS = {
     "weightformer_*": dict(depth=2, img_size=32),          # block 1 is dynamic
     "dit_*": dict(depth=1),
     "weightformer_dit_*": dict(depth=2),
+    "timesformer_*": dict(depth=1),
+    "timesformer_*_fibottention": dict(depth=1),
 }
 
 

@@ -32,7 +32,10 @@ def fingerprint(name: str) -> dict:
     torch.manual_seed(0)
     model = timm.create_model(name).eval()
     size = _input_size(model)
-    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+    if hasattr(model, "example_inputs"):   # video models (timesformer_*): a clip batch (B, C, T, H, W)
+        x = model.example_inputs(2, generator=torch.Generator().manual_seed(1))[0]
+    else:
+        x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         y = model(x).double()
     return {"size": size, "params": sum(p.numel() for p in model.parameters()), "numel": y.numel(),

@@ -30,6 +30,7 @@ class DatasetInfo:
     mean: Tuple[float, ...]
     std: Tuple[float, ...]
     classes: Tuple[str, ...] = ()
+    num_frames: Optional[int] = None     # video data: frames per clip (items are (C, T, H, W)); None: images
 
 
 class ArrayImageDataset(Dataset):
@@ -166,13 +167,57 @@ def _imagefolder(data_dir, download, img_size, augment):
     return train, val, info
 
 
+# --- video: generated moving Fashion-MNIST, and folders of frame-image clips (data/video.py) --------------
+
+#: frames per clip when ``num_frames`` is not given (the ``timesformer_*`` models' default)
+DEFAULT_NUM_FRAMES = 8
+#: clips in the generated splits (train clips use Fashion-MNIST's train images, val clips its test images)
+MOVING_TRAIN_CLIPS, MOVING_VAL_CLIPS = 10000, 2000
+#: per-pixel mean/std of moving-Fashion-MNIST clips at 32×32 (measured on 500 clips: 0.0538, 0.1810)
+_MOVING_MEAN, _MOVING_STD = (0.054,), (0.181,)
+
+
+def _moving_fashion_mnist(data_dir, download, img_size, augment, num_frames):
+    from .video import MovingFashionMNIST
+
+    train_items, val_items, _ = _fashion_mnist(data_dir, download, 28, False)   # the raw uint8 arrays
+    t = num_frames or DEFAULT_NUM_FRAMES
+    common = dict(num_frames=t, img_size=img_size, mean=_MOVING_MEAN[0], std=_MOVING_STD[0])
+    train = MovingFashionMNIST(train_items.images, MOVING_TRAIN_CLIPS, seed=0, **common)
+    val = MovingFashionMNIST(val_items.images, MOVING_VAL_CLIPS, seed=1, **common)
+    return train, val, DatasetInfo("moving-fashion-mnist", len(train.classes), 1, img_size, _MOVING_MEAN,
+                                   _MOVING_STD, train.classes, num_frames=t)
+
+
+def _clipfolder(data_dir, download, img_size, augment, num_frames):
+    from .video import ClipFolder
+
+    if not data_dir:
+        raise ValueError("--data clipfolder needs --data-dir DIR with train/ and val/ folders of "
+                         "<class>/<clip>/ frame images")
+    root = Path(data_dir)
+    missing = [s for s in ("train", "val") if not (root / s).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"{root} has no {' or '.join(s + '/' for s in missing)} folder; expected "
+                                f"{root}/train/<class>/<clip>/<frames> and {root}/val/<class>/<clip>/<frames>")
+    t = num_frames or DEFAULT_NUM_FRAMES
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    train = ClipFolder(root / "train", t, img_size, 3, mean, std)
+    val = ClipFolder(root / "val", t, img_size, 3, mean, std, classes=train.classes)
+    return train, val, DatasetInfo("clipfolder", len(train.classes), 3, img_size, mean, std, train.classes, t)
+
+
 DATASETS: Dict[str, Callable] = {
     "digits": _digits,
     "fashion-mnist": _fashion_mnist,
     "cifar10": _cifar(10),
     "cifar100": _cifar(100),
     "imagefolder": _imagefolder,
+    "moving-fashion-mnist": _moving_fashion_mnist,
+    "clipfolder": _clipfolder,
 }
+#: the datasets whose items are clips (C, T, H, W); their builders also take ``num_frames``
+VIDEO_DATASETS = ("moving-fashion-mnist", "clipfolder")
 
 
 def list_datasets():
@@ -180,17 +225,37 @@ def list_datasets():
     return sorted(DATASETS)
 
 
-def build_datasets(name: str, img_size: int, data_dir: Optional[str] = None, download: bool = False,
-                   augment: bool = True):
-    """Return ``(train, val, info)`` for dataset ``name`` resized to ``img_size``×``img_size``."""
+def dataset_key(name: str) -> str:
+    """The canonical ``--data`` name of ``name`` (aliases such as ``fmnist`` resolved); ``ValueError``
+    for an unknown one."""
     key = name.lower().replace("_", "-")
-    key = {"fashion": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist"}.get(key, key)
+    key = {"fashion": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
+           "moving-fmnist": "moving-fashion-mnist"}.get(key, key)
     if key not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}." + close_matches(key, DATASETS)
                          + f" Available: {', '.join(list_datasets())}")
+    return key
+
+
+def is_video_dataset(name: str) -> bool:
+    """True for the ``--data`` names whose items are clips ``(C, T, H, W)``."""
+    return dataset_key(name) in VIDEO_DATASETS
+
+
+def build_datasets(name: str, img_size: int, data_dir: Optional[str] = None, download: bool = False,
+                   augment: bool = True, num_frames: Optional[int] = None):
+    """Return ``(train, val, info)`` for dataset ``name`` resized to ``img_size``×``img_size``; video
+    datasets give clips of ``num_frames`` frames (default :data:`DEFAULT_NUM_FRAMES`)."""
+    key = dataset_key(name)
     if img_size <= 0:
         raise ValueError(f"image size must be positive, got {img_size}")
-    return DATASETS[key](data_dir, download, img_size, augment)
+    if key not in VIDEO_DATASETS:
+        if num_frames is not None:
+            raise ValueError(f"--num-frames is for video data ({', '.join(VIDEO_DATASETS)}); {key} holds images")
+        return DATASETS[key](data_dir, download, img_size, augment)
+    if num_frames is not None and num_frames <= 0:
+        raise ValueError(f"--num-frames {num_frames} must be a positive integer")
+    return DATASETS[key](data_dir, download, img_size, augment, num_frames)
 
 
 def build_loaders(train, val, batch_size: int, workers: int = 0, seed: int = 0, sampler=None,

@@ -83,7 +83,10 @@ def _materialize_lazy(model: nn.Module, kwargs: dict) -> None:
     size = (size, size) if isinstance(size, int) else tuple(size)
     was_training = model.training
     with torch.no_grad():
-        model.eval()(torch.zeros(1, kwargs.get("in_chans", 3), *size))
+        if hasattr(model, "example_inputs"):          # models that take more than images (e.g. video clips)
+            model.eval()(*model.example_inputs(1))
+        else:
+            model.eval()(torch.zeros(1, kwargs.get("in_chans", 3), *size))
     model.train(was_training)
 
 
@@ -100,7 +103,8 @@ def _number_layers(model: nn.Module) -> None:
 
 
 def _check_patch_grid(model: nn.Module, name: str) -> None:
-    embed = getattr(getattr(model, "model", model), "patch_embed", None)  # features_only: FeatureGetterNet
+    vit = getattr(model, "model", model)                                   # features_only: FeatureGetterNet
+    embed = getattr(vit, "patch_embed", None)
     img, patch = getattr(embed, "img_size", None), getattr(embed, "patch_size", None)
     if img is None or patch is None:
         return
@@ -109,4 +113,5 @@ def _check_patch_grid(model: nn.Module, name: str) -> None:
             f"image size {tuple(img)} of {name!r} is not divisible by its patch size {tuple(patch)}; "
             f"use a multiple of {tuple(patch)}"
         )
-    bind_token_grid(model)  # the real (non-square) grid: fixed, or per call with dynamic_img_size
+    if not getattr(vit, "binds_own_token_grid", False):   # video models: a grid in space, another in time
+        bind_token_grid(model)  # the real (non-square) grid: fixed, or per call with dynamic_img_size

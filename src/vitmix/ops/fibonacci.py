@@ -123,8 +123,13 @@ def head_offsets(num_heads: int, num_tokens: int, *, w_min: int = 5, w_max: Opti
                  variant: str = "wythoff") -> Offsets:
     """Sorted, de-duplicated offset set of each head ``1..H`` in Wythoff-row order (no shuffle).
 
+    Terms beyond ``num_tokens - 1`` are dropped (the window is clipped to the sequence), so short
+    1-D sequences such as ``T = 8`` video frames keep the offsets that exist there.
+
     >>> head_offsets(12, 196)[:3]
     [(1, 2, 3, 5), (4, 7), (6, 10)]
+    >>> head_offsets(3, 4, variant="modified")
+    [(0, 1, 2, 3), (1, 3), (2,)]
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown Fibottention variant {variant!r}; choose one of {', '.join(VARIANTS)}")
@@ -134,7 +139,9 @@ def head_offsets(num_heads: int, num_tokens: int, *, w_min: int = 5, w_max: Opti
         a, b = wythoff_seeds(i)
         if variant == "modified" or (variant == "modified_legacy" and i > 1):
             a, b = 2 * a - b, b - a  # = (i - 1, ⌊iφ⌋): the row extended two terms to the left
-        out.append(tuple(sorted(set(fibonacci_sequence(a, b, w)))))
+        # windows clipped to N - 1: on short sequences (video frames, T = 4..16 < w_min) an offset >= N
+        # would pair no tokens; the seed a is still always kept (check_offsets names a head whose a >= N)
+        out.append(tuple(sorted(set(fibonacci_sequence(a, b, min(w, num_tokens - 1))))))
     return out
 
 

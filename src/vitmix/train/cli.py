@@ -10,11 +10,12 @@ from .config import TrainConfig, load_yaml, parse_key_values
 _HELP = {
     "model": "model name (see `vitmix models`)",
     "mixer": "token mixer replacing the model's attention (see `vitmix mixers`)",
-    "data": "digits | fashion-mnist | cifar10 | cifar100 | imagefolder",
+    "data": "digits | fashion-mnist | cifar10 | cifar100 | imagefolder | moving-fashion-mnist | clipfolder",
     "data_dir": "dataset directory (default: the dataset's standard location)",
     "download": "allow torchvision to download fashion-mnist/cifar",
     "augment": "train without random crops/flips (e.g. to compare runs sample for sample)",
     "img_size": "input resolution (default: the model's)",
+    "num_frames": "frames per clip for video data (moving-fashion-mnist, clipfolder; default: 8)",
     "lr": "peak learning rate, the same for any number of processes at the same global batch",
     "lr_base_batch": "scale --lr linearly by global batch / this (DeiT: 512); default: no scaling",
     "warmup_epochs": "linear warm-up length before the cosine decay",
@@ -85,7 +86,7 @@ def add_config_flags(p: argparse.ArgumentParser, exclude=()) -> None:
                 p.add_argument(flag, action="store_true", default=None, help=_HELP.get(f.name))
             continue
         kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("img_size", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset",
+        if f.name in ("img_size", "num_frames", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset",
                       "lr_base_batch", "accum_steps", "keep_top_k"):
             kind = int
         if f.name in ("clip_grad", "ema_decay"):

@@ -54,6 +54,7 @@ class TrainConfig(YamlConfig):
     download: bool = False
     augment: bool = True                 # random resized crops (and flips for colour data) in training
     img_size: Optional[int] = None       # None: the model's default input size
+    num_frames: Optional[int] = None     # video data: frames per clip (None: the dataset's default, 8)
     epochs: int = 20
     batch_size: int = 32
     lr: float = 2e-3                     # peak LR for the global batch, whatever the world size

@@ -170,6 +170,9 @@ def evaluate_checkpoint_corruptions(checkpoint, *, data: Optional[str] = None, d
     names = parse_corruptions(options.pop("corruptions", None))       # bad names fail before loading
     sevs = parse_severities(options.pop("severities", SEVERITIES))
     model, meta, path = _load_checkpoint(checkpoint, device)
+    if meta.get("num_frames") is not None:
+        raise ValueError(f"--corruptions perturbs images; {path} is a video model (clips of {meta['num_frames']} "
+                         "frames): evaluate it without --corruptions")
     data = data or meta.get("data")
     _, val_set, info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False)
     if (info.num_classes, info.in_chans) != (meta["num_classes"], meta["in_chans"]):

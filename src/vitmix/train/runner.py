@@ -21,6 +21,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ..data import build_datasets, build_loaders
 from ..models import create_model
+from ..models.timesformer import is_video_model
 from .checkpoint import (
     file_digest, load_into, load_state, load_weights, remove_stray_temporaries, save_state, save_text, save_weights,
     unwrap,
@@ -101,8 +102,16 @@ def default_img_size(model_name: str) -> int:
     return int(size[-1]) if size else 224
 
 
-def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int) -> nn.Module:
+def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int,
+                num_frames: Optional[int] = None) -> nn.Module:
+    """The classifier of ``cfg``; ``num_frames``: clip length of video data (``None`` for images)."""
     kwargs = dict(cfg.model_options, num_classes=num_classes, in_chans=in_chans, img_size=img_size)
+    if is_video_model(cfg.model) != (num_frames is not None):
+        raise ValueError(f"{cfg.model} takes video clips: train it on --data moving-fashion-mnist or clipfolder"
+                         if num_frames is None else f"--data {cfg.data} holds video clips, which {cfg.model} does not "
+                         "take: use a video model such as timesformer_tiny (see `vitmix models timesformer`)")
+    if num_frames is not None:
+        kwargs["num_frames"] = num_frames
     if cfg.drop_path:
         kwargs["drop_path_rate"] = cfg.drop_path
     model = create_model(cfg.model, mixer=cfg.mixer, mixer_options=cfg.mixer_options or None, **kwargs)
@@ -132,9 +141,11 @@ def _run_dir(cfg: TrainConfig) -> Path:
 
 def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
     """What a checkpoint records to rebuild its model, and the epoch's ``epoch``/``val_acc``."""
+    video = {} if data_info.num_frames is None else {"num_frames": data_info.num_frames}
     return {"model": cfg.model, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
             "model_options": cfg.model_options, "img_size": img_size, "num_classes": data_info.num_classes,
-            "in_chans": data_info.in_chans, "data": cfg.data, "epoch": metrics["epoch"], "val_acc": metrics["val_acc"]}
+            "in_chans": data_info.in_chans, "data": cfg.data, "epoch": metrics["epoch"], "val_acc": metrics["val_acc"],
+            **video}
 
 
 def _summary_table(history) -> str:
@@ -216,6 +227,15 @@ def check_numbers(cfg: TrainConfig) -> None:
         raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
 
 
+def check_video_recipe(cfg: TrainConfig, data_info) -> None:
+    """Image-only recipe flags on clips ``(B, C, T, H, W)`` are a one-line ``ValueError``."""
+    if data_info.num_frames is None:
+        return
+    for flag, on in (("--channels-last", cfg.channels_last), ("--cutmix", cfg.cutmix > 0)):
+        if on:
+            raise ValueError(f"{flag} works on images (B, C, H, W); {data_info.name} gives clips (B, C, T, H, W)")
+
+
 def prepare_run_dir(cfg: TrainConfig) -> Path:
     """The run directory, checked: a new run never lands on an existing one, a resume needs one."""
     run_dir = _run_dir(cfg)
@@ -234,9 +254,12 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     check_numbers(cfg)
     seed_everything(cfg.seed + info.rank)
     img_size = cfg.img_size or default_img_size(cfg.model)
-    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment)
+    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment,
+                                                   num_frames=cfg.num_frames)
+    check_video_recipe(cfg, data_info)
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
-    model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size).to(info.device)
+    model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size,
+                        data_info.num_frames).to(info.device)
     run_dir = prepare_run_dir(cfg)
 
     # One sampler for any world size: rank r takes every world-th index of the same seeded
@@ -461,7 +484,7 @@ def _load_checkpoint(checkpoint, device):
     cfg = TrainConfig(model=meta["model"], mixer=meta.get("mixer"), mixer_options=meta.get("mixer_options") or {},
                       model_options=meta.get("model_options") or {})
     dev = parse_device(device)
-    model = build_model(cfg, meta["num_classes"], meta["in_chans"], int(meta["img_size"]))
+    model = build_model(cfg, meta["num_classes"], meta["in_chans"], int(meta["img_size"]), meta.get("num_frames"))
     load_into(model, state, str(path))
     return model.to(dev).eval(), meta, path
 
@@ -471,7 +494,8 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Option
     """Rebuild the model recorded in a vitmix checkpoint and measure it on ``data``'s validation split."""
     model, meta, path = _load_checkpoint(checkpoint, device)
     data = data or meta.get("data")
-    _, val_set, data_info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False)
+    _, val_set, data_info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False,
+                                           num_frames=meta.get("num_frames"))
     if data_info.num_classes != meta["num_classes"] or data_info.in_chans != meta["in_chans"]:
         raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
                          f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
