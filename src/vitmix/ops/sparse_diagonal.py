@@ -419,9 +419,15 @@ def _unflatten_offsets(flat: Sequence[int], counts: Sequence[int]) -> Tuple[Tupl
 def _op_setup(q, k, v, offsets, offset_counts, p, backend):
     """The engine (``"c"``, ``"triton"`` or ``"torch"``) and the cached plan of one op call."""
     engine = _engine(q, k, v, backend)
-    plan = _plan_cached(_unflatten_offsets(offsets, offset_counts), q.shape[2] - p,
-                        "cpu" if engine == "c" else str(q.device))
-    return engine, plan
+    return engine, _flat_plan(tuple(offsets), tuple(offset_counts), q.shape[2] - p,
+                              "cpu" if engine == "c" else str(q.device))
+
+
+@functools.lru_cache(maxsize=256)
+def _flat_plan(offsets: Tuple[int, ...], offset_counts: Tuple[int, ...], num_tokens: int, device: str) -> DiagonalPlan:
+    """:func:`_plan_cached` keyed by the op's flat arguments: regrouping them per head on every compiled
+    call cost ~17 µs, 10 % of a 14×14 layer's sparse product."""
+    return _plan_cached(_unflatten_offsets(offsets, offset_counts), num_tokens, device)
 
 
 def _as_token_major(t: torch.Tensor) -> torch.Tensor:
