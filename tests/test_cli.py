@@ -39,3 +39,5 @@ def test_model_table(capsys):
     assert lines[0] == "| model | input | mixer | params | GMACs |"
     row = next(line for line in lines if line.startswith("| `vit_nano_patch4_32` |"))
     assert "| 32×32 | softmax | 0.81M |" in row
+    assert main(["models", "--table", "timesformer_tiny_fibottention"]) == 0   # video: frames × H × W
+    assert "| `timesformer_tiny_fibottention` | 8×32×32 | fibottention |" in capsys.readouterr().out

@@ -53,8 +53,8 @@ def run_mixers(args) -> int:
 
 
 def model_table(names) -> str:
-    """One markdown row per model: default input, the mixer in its blocks, parameters and the
-    multiply-accumulates of one forward pass at that input (FlopCounterMode, FLOPs / 2)."""
+    """One markdown row per model: default input (frames × H × W for video models), the mixer in its blocks,
+    parameters and the multiply-accumulates of one forward pass at that input (FlopCounterMode, FLOPs / 2)."""
     import timm
     import torch
 
@@ -73,6 +73,8 @@ def model_table(names) -> str:
         with torch.no_grad():
             flops = count_flops(lambda m=model, i=inputs: m(*i)).total
         params = sum(p.numel() for p in model.parameters())
-        rows.append([f"`{name}`", f"{size[1]}×{size[2]}", ", ".join(kinds), f"{params / 1e6:.2f}M",
+        frames = getattr(model, "num_frames", None)   # video models take clips: say how many frames
+        shape = f"{frames}×{size[1]}×{size[2]}" if frames else f"{size[1]}×{size[2]}"
+        rows.append([f"`{name}`", shape, ", ".join(kinds), f"{params / 1e6:.2f}M",
                      f"{flops / 2e9:.2f}"])
     return markdown_table(["model", "input", "mixer", "params", "GMACs"], rows, align="lllrr")

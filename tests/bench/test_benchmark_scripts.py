@@ -62,3 +62,40 @@ def test_learning_script_trains_through_vitmix_compare_and_reads_finished_runs_b
 
 def _rows(results_json: str):
     return [{k: r[k] for k in ("entry", "params", "val_acc")} for r in json.loads(results_json)["rows"]]
+
+
+def test_onnx_parity_resumes_and_reports_failures(tmp_path, monkeypatch):
+    """benchmarks/onnx_parity.py: two sizes per model, rows of an earlier run kept (a rerun adds only what is
+    missing), a failed export is a row and makes the exit status 1. Exports are stubbed here."""
+    onnx_parity = _load("onnx_parity")
+    ran = []
+
+    def fake_run_one(name, size, timeout):
+        ran.append((name, size))
+        ok = name != "weightformer_tiny"
+        row = {"model": name, "img_size": size, "ok": ok}
+        return dict(row, opset=18, rel_err_b1=1e-7, rel_err_b3=2e-7, max_rel_err=2e-7) if ok else \
+            dict(row, error="RuntimeError: forced")
+
+    monkeypatch.setattr(onnx_parity, "run_one", fake_run_one)
+    out = str(tmp_path / "onnx")
+    assert onnx_parity.main(["--models", "vit_nano_patch4_32", "--out", out]) == 0
+    assert ran == [("vit_nano_patch4_32", 32), ("vit_nano_patch4_32", 48)]
+    assert onnx_parity.main(["--models", "vit_nano_patch4_32", "weightformer_tiny", "--out", out]) == 1
+    assert ran[2:] == [("weightformer_tiny", 224), ("weightformer_tiny", 160)]    # nothing exported twice
+    rows = json.loads((tmp_path / "onnx" / "results.json").read_text())["rows"]
+    assert [(r["model"], r["img_size"], r["ok"]) for r in rows] == [
+        ("vit_nano_patch4_32", 32, True), ("vit_nano_patch4_32", 48, True),
+        ("weightformer_tiny", 224, False), ("weightformer_tiny", 160, False)]
+    md = (tmp_path / "onnx" / "results.md").read_text()
+    assert "**2 of 4 exports within the limit.**" in md and "RuntimeError: forced" in md
+
+
+def test_onnx_parity_worker_exports_and_checks_a_model():
+    """The worker does what `vitmix export --format onnx` does, all-zero parameters made random first."""
+    import pytest
+
+    pytest.importorskip("onnxruntime", reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
+    pytest.importorskip("onnxscript", reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
+    row = _load("onnx_parity").worker("vit_nano_patch4_32", 48)
+    assert row["ok"] and row["img_size"] == 48 and 0 < row["max_rel_err"] <= 1e-4 and row["opset"] >= 18
