@@ -203,8 +203,7 @@ def nystrom_attention(
         backend: who computes the kernel matrices and the Newton–Schulz loop: ``"auto"`` (Triton for
             CUDA tensors), ``"triton"`` or ``"torch"`` (see ``docs/gpu.md``).
 
-    Returns:
-        ``(B, h, N, d_v)`` in the dtype of ``v`` (promoted with ``q``).
+    Returns ``(B, h, N, d_v)`` in the dtype of ``v`` (promoted with ``q``).
     """
     _validate(q, k, v, q_landmarks, k_landmarks, kernel, iters, eps, inverse, normalization, norm_eps)
     check_backend("nystrom_attention", backend)
@@ -224,14 +223,18 @@ def nystrom_attention(
         sym = True if tied_landmarks else symmetric
         M = newton_schulz_inverse(w, iters=iters, eps=eps, symmetric=sym, mode=inverse, alpha=alpha,
                                   backend=backend)
-        if normalization == "soft_norm":
-            dinv = w.sum(-1).rsqrt()
-            M = dinv.unsqueeze(-1) * M * dinv.unsqueeze(-2)
-        if normalization == "injective":
-            out = _injective(cq, ck, M, vf, float(norm_eps))
-        else:
-            out = torch.matmul(cq, torch.matmul(M, torch.matmul(ck.mT, vf)))
+        out = _combine(cq, ck, w, M, vf, normalization, float(norm_eps))
     return out.to(out_dtype)
+
+
+def _combine(cq, ck, w, M, v, normalization: Optional[str], norm_eps: float) -> torch.Tensor:
+    """``cq · M · ckᵀ · v`` right to left (never N×N), with the SOFT-Norm or injective normalisation."""
+    if normalization == "soft_norm":
+        dinv = w.sum(-1).rsqrt()
+        M = dinv.unsqueeze(-1) * M * dinv.unsqueeze(-2)
+    if normalization == "injective":
+        return _injective(cq, ck, M, v, norm_eps)
+    return torch.matmul(cq, torch.matmul(M, torch.matmul(ck.mT, v)))
 
 
 def _injective_fwd(cq, ck, M, v, norm_eps: float):
