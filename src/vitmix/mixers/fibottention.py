@@ -31,14 +31,14 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.fibonacci import SHUFFLES, VARIANTS, _as_int, fibonacci_offsets, interaction_counts, offsets_mask
+from ..ops.fibonacci import SHUFFLES, VARIANTS, _as_int, fibonacci_offsets, interaction_counts
 from ..ops.sparse_diagonal import (
-    BACKENDS, diagonal_plan, masked_diagonal_attention, official_diagonal_attention, sparse_diagonal_attention,
+    BACKENDS, masked_diagonal_attention, official_diagonal_attention, sparse_diagonal_attention,
 )
 from .base import AttentionProjections, TokenMixer, close_matches
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .flops import linears_flops
-from ._cache import cached_pattern
+from ._cache import diagonal_pattern
 from .registry import register_mixer
 
 __all__ = ["FibottentionAttention", "assign_layer_indices", "MODES"]
@@ -152,13 +152,8 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
                                  include_diagonal=self.include_diagonal)
 
     def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
-        """The sparse plan (while traced: the offsets, all the custom op needs) or the dense mask."""
-        def build():
-            offsets = self.head_offsets(num_tokens)
-            if kind == "mask":
-                return offsets_mask(offsets, num_tokens, prefix, device=device)
-            return offsets if torch.compiler.is_compiling() else diagonal_plan(offsets, num_tokens, device)
-        return cached_pattern(self._cache, (kind, num_tokens, prefix, str(device)), build)
+        """The sparse plan or the dense mask (:func:`~vitmix.mixers._cache.diagonal_pattern`)."""
+        return diagonal_pattern(self, kind, num_tokens, prefix, device)
 
     # ------------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,

@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.fibonacci import interaction_counts, offsets_mask
-from ..ops.sparse_diagonal import BACKENDS, diagonal_plan, masked_diagonal_attention, sparse_diagonal_attention
+from ..ops.fibonacci import interaction_counts
+from ..ops.sparse_diagonal import BACKENDS, masked_diagonal_attention, sparse_diagonal_attention
 from .base import AttentionProjections, TokenMixer, close_matches
-from ._cache import cached_pattern
+from ._cache import diagonal_pattern
 from .registry import register_mixer
 
 __all__ = ["LongformerAttention", "PrefixOnlyGrid", "window_offsets", "prefix_only_grid", "SPARSE_MODES"]
@@ -139,13 +139,8 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         return [window_offsets(self.radius, self.dilation, num_tokens)] * self.num_heads
 
     def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
-        """The sparse plan (while traced: the offsets, all the custom op needs) or the dense mask."""
-        def build():
-            offsets = self.head_offsets(num_tokens)
-            if kind == "mask":
-                return offsets_mask(offsets, num_tokens, prefix, device=device)
-            return offsets if torch.compiler.is_compiling() else diagonal_plan(offsets, num_tokens, device)
-        return cached_pattern(self._cache, (kind, num_tokens, prefix, str(device)), build)
+        """The sparse plan or the dense mask (:func:`~vitmix.mixers._cache.diagonal_pattern`)."""
+        return diagonal_pattern(self, kind, num_tokens, prefix, device)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix, n, q, k, v = self._prefix_qkv(x, grid)
