@@ -24,7 +24,10 @@ _HELP = {
     "guidance": "classifier-free guidance scale (1 = none)",
     "eta": "DDIM eta: 0 deterministic, 1 ancestral (DDPM-like)",
     "grid_per_class": "samples per class (one row per class) in samples/epoch-NNN.png",
-    "fd_samples": "generated images for the final FD (classifier features); 0 skips it",
+    "fd_samples": "generated images for the final FD (classifier features); 0 skips it (default: the images "
+                  "trained on / --sample-steps, 2 to 1000)",
+    "fd_classifier_subset": "train the FD feature classifier on a fixed subset of this many training images "
+                            "(default: as many as the run trained on, at least 1000; cached per subset)",
     "train_subset": "train on a fixed random subset of this many images (seeded by --seed)",
     "max_steps": "stop after this many optimizer steps (smoke tests)",
     "out": "run directory (default: runs/<time>-generate-<model>-<mixer>-<data>)",
@@ -32,7 +35,7 @@ _HELP = {
     "device": "cpu | cuda | cuda:N (default: cuda if available)",
 }
 _INT = ("img_size", "epochs", "batch_size", "timesteps", "sample_steps", "grid_per_class", "fd_samples",
-        "train_subset", "max_steps", "seed")
+        "fd_classifier_subset", "train_subset", "max_steps", "seed")
 _FLOAT = ("lr", "weight_decay", "clip_grad", "ema_decay", "guidance", "eta")
 
 
@@ -59,6 +62,9 @@ def add_parser(sub) -> None:
     f.add_argument("--samples", type=int, default=1000, help="generated (and real) images compared")
     f.add_argument("--classifier", help="FD feature classifier to use (default: RUN/fd_classifier.safetensors, "
                                         "trained there when missing)")
+    f.add_argument("--classifier-subset", type=int, metavar="N",
+                   help="the FD classifier trained on a fixed subset of N training images (cached), instead of "
+                        "the run's; with --classifier, how to train that file when it is missing (default: all)")
     f.add_argument("--data-dir")
     _add_sampler_flags(f, eta=False)
     f.set_defaults(func=run_fd)
@@ -90,8 +96,9 @@ def _add_config_flags(p) -> None:
             p.add_argument(flag, action="store_true", default=None, help=_HELP.get(f.name))
             continue
         kind = int if f.name in _INT else float if f.name in _FLOAT else str
+        text = _HELP.get(f.name, f.name.replace("_", " "))
         p.add_argument(flag, type=kind, default=None, metavar=f.name.upper(),
-                       help=f"{_HELP.get(f.name, f.name.replace('_', ' '))} (default: {default})")
+                       help=text if "(default:" in text else f"{text} (default: {default})")
     p.add_argument("--mixer-option", "-M", action="append", metavar="KEY=VALUE", help="mixer option, repeatable")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="model constructor option, repeatable (e.g. --model-option depth=4)")
@@ -125,9 +132,10 @@ def run_fd(args) -> int:
     from .runner import measure_checkpoint_fd
 
     r = measure_checkpoint_fd(args.checkpoint, args.samples, args.steps, args.guidance, args.classifier,
-                              args.data_dir, args.seed, args.device)
+                              args.data_dir, args.seed, args.device, args.classifier_subset)
+    trained_on = f" (trained on {r['fd_classifier_images']} images)" if r.get("fd_classifier_images") else ""
     print(f"{FD_LABEL}: {r['fd']:.3f} over {r['fd_samples']} samples (real-vs-real floor {r['fd_real_floor']:.3f}); "
-          f"class agreement {r['class_agreement']:.1f}%; classifier val acc {r['fd_classifier_val_acc']:.2f}%  "
-          f"[{r['checkpoint']}]")
+          f"class agreement {r['class_agreement']:.1f}%; classifier val acc {r['fd_classifier_val_acc']:.2f}%"
+          f"{trained_on}  [{r['checkpoint']}]")
     print(json.dumps(r))
     return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-
 from ..train.config import YamlConfig
 
 
@@ -33,7 +32,9 @@ class GenerateConfig(YamlConfig):
     guidance: float = 2.0                    # classifier-free guidance scale (1 = none)
     eta: float = 0.0                         # DDIM η: 0 deterministic, 1 ancestral
     grid_per_class: int = 8                  # samples per class (row) in each epoch's PNG grid
-    fd_samples: int = 1000                   # generated images for the FD at the end (0 = skip)
+    fd_samples: Optional[int] = None         # generated images for the FD at the end (0 = skip; None: scaled
+                                             # to the run, see runner.default_fd_samples)
+    fd_classifier_subset: Optional[int] = None  # the FD classifier's training images (None: scaled to the run)
     train_subset: Optional[int] = None       # train on a fixed seeded subset of this many images
     max_steps: Optional[int] = None          # stop after this many optimizer steps (smoke tests)
     seed: int = 0

@@ -5,7 +5,7 @@ FID (Heusel et al. 2017) is the Fréchet distance between Gaussians fitted to In
 features of real and generated images. Inception weights cannot be downloaded here, and ImageNet
 features mean little for 28×28 grey images anyway, so vitmix fits the Gaussians to the penultimate
 features (128-d) of :class:`FeatureNet`, a tiny CNN trained on the *same* dataset (seeded, so every run
-on the same data and image size trains the same network; it is cached in the run directory). The
+on the same data, image size and training subset trains the same network; the runner caches it). The
 numbers are therefore comparable only between runs that use the same classifier, sample count and
 real reference set — never with published FIDs.
 

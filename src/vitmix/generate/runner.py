@@ -5,10 +5,16 @@ used for samples when present), ``metrics.jsonl`` (one line per epoch), ``sample
 row per class), ``state.pt`` (everything ``--resume`` needs, written last, with the digests of the
 files of its epoch), and at the end ``fd_classifier.safetensors``, ``fd.json`` and ``summary.json``.
 Images are handled in [−1, 1] (the dataset's normalisation undone, then rescaled).
+
+The FD step costs what the run does: by default its sample count and its classifier's training set
+follow the images the run trained on (:func:`default_fd_samples`, :func:`default_classifier_images`),
+and classifiers are cached by the digest of their training images in ``VITMIX_CACHE_DIR/fd``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -31,10 +37,15 @@ from .diffusion import PREDICTIONS, SCHEDULES, GaussianDiffusion
 from .fd import FD_LABEL, FeatureNet, features, frechet_distance, gaussian_stats, train_feature_net
 
 #: what ``--resume`` may change (anything else would make a different run)
-RESUME_MAY_CHANGE = ("out", "resume", "device", "epochs", "max_steps", "fd_samples")
+RESUME_MAY_CHANGE = ("out", "resume", "device", "epochs", "max_steps", "fd_samples", "fd_classifier_subset")
 #: the files of one epoch's checkpoint set, recorded (with digests) in ``state.pt``
 CHECKPOINT_FILES = ("last.safetensors", "ema.safetensors", "metrics.jsonl")
 FD_CLASSIFIER = "fd_classifier.safetensors"
+#: the most samples the default FD draws, and the fewest images its classifier trains on (a poorer feature
+#: space with fewer: 66.6 % Fashion-MNIST val accuracy on 1,000 images, 87.8 % on all 60,000)
+FD_MAX_SAMPLES, FD_MIN_CLASSIFIER_IMAGES = 1000, 1000
+#: what the cached classifier is a function of, besides its training images (bump when FeatureNet changes)
+FD_RECIPE = f"FeatureNet(32,64,128) adam lr=2e-3 bs=128 epochs=2 seed=0 torch={torch.__version__}"
 
 
 def _progress(**kwargs):
@@ -70,8 +81,10 @@ def check_config(cfg: GenerateConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be a positive integer")
-    if cfg.fd_samples < 0 or cfg.fd_samples == 1:
+    if cfg.fd_samples is not None and (cfg.fd_samples < 0 or cfg.fd_samples == 1):
         raise ValueError(f"--fd-samples {cfg.fd_samples} must be 0 (no FD) or at least 2")
+    if cfg.fd_classifier_subset is not None and cfg.fd_classifier_subset <= 0:
+        raise ValueError(f"--fd-classifier-subset {cfg.fd_classifier_subset} must be a positive integer")
     if cfg.schedule not in SCHEDULES:
         raise ValueError(f"--schedule {cfg.schedule!r}: choose {' or '.join(SCHEDULES)}")
     if cfg.prediction not in PREDICTIONS:
@@ -120,13 +133,20 @@ def load_images(data: str, img_size: Optional[int], data_dir: Optional[str] = No
     return (*_as_tensors(train, info), *_as_tensors(val, info), info, img_size or 32)
 
 
-def _subset(x: Tensor, y: Tensor, size: Optional[int], seed: int) -> Tuple[Tensor, Tensor]:
+def _subset(x: Tensor, y: Tensor, size: Optional[int], seed: int, flag: str = "--train-subset"
+            ) -> Tuple[Tensor, Tensor]:
+    """A fixed random subset of ``size`` images (all for ``None``); the first ``size`` of one seeded
+    permutation, so smaller subsets of the same seed are nested in larger ones."""
     if size is None:
         return x, y
-    if not 0 < size <= len(x):
-        raise ValueError(f"--train-subset {size} must be between 1 and the {len(x)} training images")
+    _check_subset(size, len(x), flag)
     idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:size]
     return x[idx], y[idx]
+
+
+def _check_subset(size: Optional[int], available: int, flag: str) -> None:
+    if size is not None and not 0 < size <= available:
+        raise ValueError(f"{flag} {size} must be between 1 and the {available} training images")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -306,6 +326,7 @@ def train_generator(cfg: GenerateConfig, log=print) -> dict:
     device = parse_device(cfg.device)
     train_x, train_y, val_x, val_y, info, img_size = load_images(cfg.data, cfg.img_size, cfg.data_dir, cfg.download)
     data = _subset(train_x, train_y, cfg.train_subset, cfg.seed)
+    _check_subset(cfg.fd_classifier_subset, len(train_x), "--fd-classifier-subset")  # fail before training
     model = build_generator(_meta(cfg, info, img_size, 0)).to(device)
     diffusion = GaussianDiffusion(cfg.timesteps, cfg.schedule, cfg.prediction)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -323,8 +344,8 @@ def train_generator(cfg: GenerateConfig, log=print) -> dict:
     save_text(run_dir / "config.yaml", cfg.to_yaml() + f"# resolved: img_size={img_size}\n")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vitmix generate: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
-        f"({len(data[0])} images, {img_size}px) for {cfg.epochs} epochs, {cfg.schedule} {cfg.prediction}-DDPM "
-        f"T={cfg.timesteps}, device={device}; run dir {run_dir}")
+        f"({len(data[0])} images, {img_size}px) for {_plural(cfg.epochs, 'epoch')}, {cfg.schedule} "
+        f"{cfg.prediction}-DDPM T={cfg.timesteps}, device={device}; run dir {run_dir}")
     sampler = ema.module if ema is not None else model
     for epoch in range(start, cfg.epochs):
         if cfg.max_steps is not None and step >= cfg.max_steps:
@@ -340,38 +361,138 @@ def train_generator(cfg: GenerateConfig, log=print) -> dict:
                "img_size": img_size, "epochs_run": len(history), "steps": step,
                "final_train_loss": history[-1]["train_loss"] if history else None,
                "train_seconds": sum(h["epoch_seconds"] for h in history)}
-    if cfg.fd_samples and history:
-        net, acc = fd_classifier(run_dir / FD_CLASSIFIER, (train_x, train_y), (val_x, val_y), cfg.data, img_size, log)
-        summary.update(measure_fd(net, sampler, diffusion, (train_x, val_x), cfg.fd_samples, cfg.sample_steps,
-                                  cfg.guidance, cfg.eta, cfg.seed), fd_classifier_val_acc=acc)
-        save_text(run_dir / "fd.json", json.dumps({k: v for k, v in summary.items() if k.startswith("fd")}, indent=2))
-        log(f"{FD_LABEL}: {summary['fd']:.3f} over {summary['fd_samples']} samples (real-vs-real floor "
-            f"{summary['fd_real_floor']:.3f}); class agreement {summary['class_agreement']:.1f}%; "
-            f"classifier val acc {acc:.2f}%")
+    skipped = _fd_skipped(cfg, history)
+    if skipped is None:
+        images_seen = step * min(cfg.batch_size, len(data[0]))  # whole batches (one short one if bs > N)
+        result = fd_step(cfg, run_dir, sampler, diffusion, (train_x, train_y), (val_x, val_y), images_seen, log)
+        save_text(run_dir / "fd.json", json.dumps(result, indent=2))
+        summary.update(result)
     save_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    log(_final_line(summary, skipped))
     return summary
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _fd_skipped(cfg: GenerateConfig, history: list) -> Optional[str]:
+    """Why the run measures no FD (``None``: it does)."""
+    if cfg.fd_samples == 0:
+        return "--fd-samples 0"
+    return None if history else "no epoch was trained"
+
+
+def _final_line(summary: dict, fd_skipped: Optional[str]) -> str:
+    """The run's last line: what was trained, its FD (or why there is none) and where it is."""
+    loss = summary["final_train_loss"]
+    trained = (f"{_plural(summary['epochs_run'], 'epoch')}, {_plural(summary['steps'], 'step')} in "
+               f"{summary['train_seconds']:.0f} s" + (f", final loss {loss:.4f}" if loss is not None else ""))
+    if fd_skipped is not None:
+        fd = f"FD skipped ({fd_skipped})"
+    else:
+        fd = (f"{FD_LABEL} {summary['fd']:.3f} over {summary['fd_samples']} samples (real-vs-real floor "
+              f"{summary['fd_real_floor']:.3f}) in {summary['fd_seconds']:.0f} s")
+    return f"done: {trained}; {fd}; run dir {summary['run_dir']}"
 
 
 # ----------------------------------------------------------------------------------------------
 # FD (classifier features)
 # ----------------------------------------------------------------------------------------------
-def fd_classifier(path: Path, train: Tuple[Tensor, Tensor], val: Tuple[Tensor, Tensor], data: str, img_size: int,
-                  log=print) -> Tuple[FeatureNet, float]:
-    """The FD feature network for (``data``, ``img_size``): loaded from ``path``, else trained (seeded) on
-    the full training images and saved there."""
-    num_classes, in_chans = int(train[1].max()) + 1, train[0].shape[1]
-    net = FeatureNet(in_chans, num_classes)
-    if Path(path).is_file():
-        state, meta = load_weights(path)
-        if (meta.get("data"), meta.get("img_size")) != (data, img_size):
-            raise ValueError(f"{path} is the FD classifier of {meta.get('data')} at {meta.get('img_size')}px, "
-                             f"not of {data} at {img_size}px; remove it or pass another")
-        load_into(net, state, str(path))
-        return net.eval(), float(meta["val_acc"])
-    log(f"training the FD feature classifier on {len(train[0])} {data} images (cached in {path})")
-    net, acc = train_feature_net(*train, num_classes, val=val, progress=_progress(desc="FD classifier"))
-    save_weights(net, path, {"task": "fd-classifier", "data": data, "img_size": img_size, "in_chans": in_chans,
-                             "num_classes": num_classes, "val_acc": acc})
+def default_fd_samples(images_seen: int, sample_steps: int) -> int:
+    """The FD's sample count when ``--fd-samples`` is not given: the images the run trained on (counted
+    with repeats) divided by the DDIM steps, between 2 and :data:`FD_MAX_SAMPLES`. A guided sample costs
+    2 forward passes a step and a training image about 3 (forward and backward), so the FD's sampling
+    costs at most about 2/3 of the training: a full run gets 1000 samples, a smoke run a few."""
+    return max(2, min(FD_MAX_SAMPLES, images_seen // sample_steps))
+
+
+def default_classifier_images(run_images: int, available: int) -> int:
+    """The FD classifier's training images when ``--fd-classifier-subset`` is not given: as many as the
+    run trained on (distinct images), at least :data:`FD_MIN_CLASSIFIER_IMAGES`, at most all."""
+    return min(available, max(run_images, FD_MIN_CLASSIFIER_IMAGES))
+
+
+def fd_step(cfg: GenerateConfig, run_dir: Path, sampler, diffusion, train: Tuple[Tensor, Tensor],
+            val: Tuple[Tensor, Tensor], images_seen: int, log=print) -> dict:
+    """The end-of-run FD, sized to the run (see :func:`default_fd_samples` and
+    :func:`default_classifier_images`); returns what ``fd.json`` records."""
+    t0 = time.perf_counter()
+    run_images = min(images_seen, cfg.train_subset or len(train[0]))
+    images = cfg.fd_classifier_subset or default_classifier_images(run_images, len(train[0]))
+    samples = cfg.fd_samples or default_fd_samples(images_seen, cfg.sample_steps)
+    net, acc = fd_classifier(train, val, cfg.data, val[0].shape[-1], images, run_dir / FD_CLASSIFIER, log)
+    result = measure_fd(net, sampler, diffusion, (train[0], val[0]), samples, cfg.sample_steps, cfg.guidance,
+                        cfg.eta, cfg.seed)
+    result.update(fd_classifier_val_acc=acc, fd_classifier_images=images, fd_seconds=time.perf_counter() - t0)
+    log(f"{FD_LABEL}: {result['fd']:.3f} over {result['fd_samples']} samples (real-vs-real floor "
+        f"{result['fd_real_floor']:.3f}); class agreement {result['class_agreement']:.1f}%; classifier "
+        f"(trained on {images} images) val acc {acc:.2f}%")
+    return result
+
+
+def _fd_cache_dir() -> Path:
+    return Path(os.environ.get("VITMIX_CACHE_DIR") or Path.home() / ".cache" / "vitmix") / "fd"
+
+
+def _classifier_key(x: Tensor, y: Tensor, num_classes: int) -> str:
+    """A digest of everything a trained FD classifier is a function of (its training is seeded)."""
+    h = hashlib.sha256(f"{FD_RECIPE} shape={tuple(x.shape)} classes={num_classes}".encode())
+    h.update(x.contiguous().numpy().tobytes())
+    h.update(y.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _saved_key(path: Path) -> Optional[str]:
+    """The key a saved FD classifier records (``None``: missing, unreadable or of an older version)."""
+    try:
+        return load_weights(path)[1].get("key") if path.is_file() else None
+    except ValueError:  # truncated or corrupt: trained again and rewritten
+        return None
+
+
+def load_fd_classifier(path, data: Optional[str] = None, img_size: Optional[int] = None
+                       ) -> Tuple[FeatureNet, float, dict]:
+    """``(net, val_acc, meta)`` of a saved FD classifier; with ``data``, it must be one of ``data`` at
+    ``img_size``."""
+    state, meta = load_weights(path)
+    if meta.get("task") != "fd-classifier":
+        raise ValueError(f"{path} is not an FD classifier (no fd-classifier metadata); remove it or pass another")
+    if data is not None and (meta.get("data"), meta.get("img_size")) != (data, img_size):
+        raise ValueError(f"{path} is the FD classifier of {meta.get('data')} at {meta.get('img_size')}px, "
+                         f"not of {data} at {img_size}px; remove it or pass another")
+    net = FeatureNet(int(meta["in_chans"]), int(meta["num_classes"]))
+    load_into(net, state, str(path))
+    return net.eval(), float(meta["val_acc"]), meta
+
+
+def fd_classifier(train: Tuple[Tensor, Tensor], val: Tuple[Tensor, Tensor], data: str, img_size: int,
+                  images: int, keep: Optional[Path] = None, log=print) -> Tuple[FeatureNet, float]:
+    """The FD feature network of (``data``, ``img_size``) trained on a fixed subset of ``images`` training
+    images (seed 0, whatever the run's seed, so that runs with the same ``images`` share it): taken from
+    ``keep`` or the cache when one of them holds it, else trained (seeded) and saved to both."""
+    num_classes = int(train[1].max()) + 1
+    x, y = _subset(*train, images, seed=0, flag="--fd-classifier-subset")
+    key = _classifier_key(x, y, num_classes)
+    cached = _fd_cache_dir() / f"{key[:32]}.safetensors"
+    for path in (keep, cached):
+        if path is not None and _saved_key(path) == key:  # the same images: the same network, whatever its name
+            net, acc, meta = load_fd_classifier(path)
+            if keep is not None and path != keep:
+                save_weights(net, keep, dict(meta, data=data, img_size=img_size))
+            return net, acc
+    log(f"training the FD feature classifier on {len(x)} of the {len(train[0])} {data} training images "
+        f"(cached in {cached})")
+    net, acc = train_feature_net(x, y, num_classes, val=val, progress=_progress(desc="FD classifier"))
+    meta = {"task": "fd-classifier", "data": data, "img_size": img_size, "in_chans": x.shape[1],
+            "num_classes": num_classes, "val_acc": acc, "train_images": len(x), "key": key}
+    if keep is not None:
+        save_weights(net, keep, meta)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        save_weights(net, cached, meta)
+    except OSError as err:  # a read-only cache costs the next run a retraining, nothing else
+        log(f"warning: could not cache the FD classifier in {cached} ({err})")
     return net, acc
 
 
@@ -448,15 +569,27 @@ def sample_grid(checkpoint, out, classes: Optional[str] = None, n: int = 8, step
 def measure_checkpoint_fd(checkpoint, samples: int = 1000, steps: Optional[int] = None,
                           guidance: Optional[float] = None, classifier: Optional[str] = None,
                           data_dir: Optional[str] = None, seed: int = 0, device: Optional[str] = None,
-                          log=print) -> dict:
-    """FD (classifier features) of a checkpoint against its dataset's validation images; the classifier
-    is ``classifier`` or the run directory's cached one (trained there when missing)."""
+                          classifier_subset: Optional[int] = None, log=print) -> dict:
+    """FD (classifier features) of a checkpoint against its dataset's validation images. The classifier
+    is the file ``classifier``, else the run directory's; a missing one is trained there on
+    ``classifier_subset`` images (default: all). Without ``classifier``, a ``classifier_subset`` asks for
+    the (cached) classifier of that many images, leaving the run's own alone."""
     if samples < 2:
         raise ValueError(f"--samples {samples} must be at least 2")
+    if classifier_subset is not None and classifier_subset <= 0:
+        raise ValueError(f"--classifier-subset {classifier_subset} must be a positive integer")
     model, meta, diffusion = load_generator(checkpoint, device)
     train_x, train_y, val_x, val_y, _, _ = load_images(meta["data"], meta["img_size"], data_dir)
-    path = Path(classifier) if classifier else resolve_checkpoint(checkpoint).parent / FD_CLASSIFIER
-    net, acc = fd_classifier(path, (train_x, train_y), (val_x, val_y), meta["data"], meta["img_size"], log)
+    _check_subset(classifier_subset, len(train_x), "--classifier-subset")
+    target = Path(classifier) if classifier else resolve_checkpoint(checkpoint).parent / FD_CLASSIFIER
+    if target.is_file() and (classifier or classifier_subset is None):
+        net, acc, saved = load_fd_classifier(target, meta["data"], meta["img_size"])
+        images = saved.get("train_images")
+    else:
+        images = classifier_subset or len(train_x)
+        net, acc = fd_classifier((train_x, train_y), (val_x, val_y), meta["data"], meta["img_size"], images,
+                                 keep=None if target.is_file() else target, log=log)
     steps, guidance = steps or meta["sample_steps"], meta["guidance"] if guidance is None else guidance
     result = measure_fd(net, model, diffusion, (train_x, val_x), samples, steps, guidance, meta["eta"], seed)
-    return dict(result, fd_classifier_val_acc=acc, checkpoint=str(resolve_checkpoint(checkpoint)))
+    return dict(result, fd_classifier_val_acc=acc, fd_classifier_images=images,
+                checkpoint=str(resolve_checkpoint(checkpoint)))
