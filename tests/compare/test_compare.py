@@ -25,8 +25,8 @@ def compared(tmp_path_factory):
 def test_leaderboard_files_and_rows(compared):
     out, code = compared
     assert code == 0
-    for name in ("leaderboard.md", "leaderboard.csv", "leaderboard.json", "accuracy_vs_throughput.png",
-                 "loss_curves.png", "compare.yaml"):
+    for name in ("leaderboard.md", "leaderboard.csv", "leaderboard.json", "runs.csv", "accuracy_vs_throughput.png",
+                 "loss_curves.png", "learning_curves.png", "compare.yaml"):
         assert (out / name).stat().st_size > 0, name
     board = json.loads((out / "leaderboard.json").read_text())
     rows = board["rows"]
@@ -38,7 +38,11 @@ def test_leaderboard_files_and_rows(compared):
         assert r["top1"] == summary["final_val_acc"] and r["params"] == summary["params"]
         assert r["gflops"] > 0 and r["latency_ms"] > 0 and r["train_images_per_s"] > 0
         assert r["peak_train_mb"] is None or r["peak_train_mb"] > 0
-        assert len(r["curves"]["val_loss"]) == 1
+        assert r["n"] == 1 and [run["seed"] for run in r["runs"]] == [0]
+        assert len(r["runs"][0]["curves"]["val_loss"]) == 1
+        # the budget it used: 256 images / batch 64 = 4 steps, 3 × forward FLOPs per training image
+        assert (r["steps"], r["images"]) == (4, 256) and r["budget"] == "epochs"
+        assert r["train_flops"] == pytest.approx(256 * 3 * r["gflops"] * 1e9)
     assert board["recipe"]["train_subset"] == 256
     csv_lines = (out / "leaderboard.csv").read_text().splitlines()
     assert csv_lines[0].startswith("rank,entry,top1") and len(csv_lines) == 4
