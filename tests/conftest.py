@@ -1,4 +1,6 @@
-"""Shared test settings: deterministic, quiet, and light on the 2-core CI machine."""
+"""Shared test settings: deterministic, quiet, and light on the 2-core CI machine; the real
+Fashion-MNIST only for tests marked ``needs_fashion_mnist``."""
+import functools
 import os
 import sys
 
@@ -31,3 +33,65 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# --- Fashion-MNIST: `make test` must pass on a machine without Debian's dataset-fashion-mnist ----------------
+#: what vitmix reads Fashion-MNIST from without --data-dir (vitmix.data.datasets.FASHION_MNIST_ENV, not
+#: imported here: that would load timm before any test asks for it)
+FASHION_MNIST_ENV = "VITMIX_FASHION_MNIST_DIR"
+#: set to 1 (CI's normal pass does) to fail, not skip, the marked tests when the data is missing
+REQUIRE_FASHION_MNIST_ENV = "VITMIX_TESTS_REQUIRE_FASHION_MNIST"
+_USER_FASHION_MNIST_DIR = os.environ.get(FASHION_MNIST_ENV)   # read before any test changes it
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_fashion_mnist: reads the real Fashion-MNIST from its default location "
+                                       "(skipped, with the reason, where it is not installed)")
+
+
+@functools.lru_cache(maxsize=None)
+def fashion_mnist_missing():
+    """``None`` when the four Fashion-MNIST idx files are where vitmix looks without ``--data-dir``,
+    else the reason a test that needs them skips."""
+    from vitmix.data.datasets import _FASHION_FILES, fashion_mnist_dir
+    from vitmix.data.idx import find_idx
+
+    with pytest.MonkeyPatch.context() as mp:
+        _reveal_fashion_mnist(mp)
+        root = fashion_mnist_dir()
+    absent = [stem for pair in _FASHION_FILES.values() for stem in pair if find_idx(root, stem) is None]
+    if not absent:
+        return None
+    return (f"needs Fashion-MNIST in {root} ({absent[0]}[.gz] is missing): apt-get install dataset-fashion-mnist "
+            f"or set {FASHION_MNIST_ENV}")
+
+
+def _reveal_fashion_mnist(mp):
+    if _USER_FASHION_MNIST_DIR is None:
+        mp.delenv(FASHION_MNIST_ENV, raising=False)
+    else:
+        mp.setenv(FASHION_MNIST_ENV, _USER_FASHION_MNIST_DIR)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hide_fashion_mnist(tmp_path_factory):
+    """Every test runs as on a machine without Fashion-MNIST (an empty folder stands in for its
+    location, also for the subprocesses a test starts), except those marked ``needs_fashion_mnist``: a
+    test that reads the real data without the marker fails everywhere, not only on a fresh machine."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(FASHION_MNIST_ENV, str(tmp_path_factory.mktemp("no-fashion-mnist")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _needs_fashion_mnist(request, monkeypatch):
+    """For a test marked ``needs_fashion_mnist``: the real location back, or a skip saying what is missing.
+    Per test: a module- or session-scoped fixture that reads the data would still see the empty folder."""
+    if request.node.get_closest_marker("needs_fashion_mnist") is None:
+        return
+    why = fashion_mnist_missing()
+    if why is not None:
+        if os.environ.get(REQUIRE_FASHION_MNIST_ENV) == "1":
+            pytest.fail(f"{REQUIRE_FASHION_MNIST_ENV}=1 but the test {why}")
+        pytest.skip(why)
+    _reveal_fashion_mnist(monkeypatch)

@@ -5,7 +5,9 @@ on the family's representative in a small configuration (``FAMILY_CONFIGS``) and
 a one-block ``vit_nano_patch4_32``:
 
 * ``yes`` — compile with ``fullgraph=True`` / export with a dynamic batch / ONNX within 1e-4, and
-  match eager (forward and every parameter gradient for compile);
+  match eager (forward and every parameter gradient for compile). ONNX is checked the ecosystem's
+  way: plain ``torch.onnx.export(model, ..., dynamo=True)`` and the TorchScript exporter as timm's
+  ``onnx_export`` calls it, after ``import vitmix`` only (no decomposition table passed);
 * ``graph break: ...`` — compile with ``fullgraph=False`` and match eager;
 * ``no: ...`` — still fails (a fix must update the table).
 
@@ -251,21 +253,18 @@ def test_mixer_in_a_timm_vit_exports_with_a_dynamic_batch(row):
     _check_export(_mixer_model(row["mixer"]), row["torch.export"])
 
 
-def test_built_linformer_forward_never_asks_is_lazy(monkeypatch):
-    """The compile fix: once E/F exist (built at construction, by the first input, or loaded into a lazy
-    layer), the forward reads a Python int, never ``is_lazy`` (which dynamo cannot trace)."""
-    import vitmix.mixers.linformer as linformer
-
+def test_linformer_lengths_are_plain_python_state():
+    """The compile fix: E/F exist from construction and their length is a Python int, so no forward asks
+    torch's ``is_lazy`` (which dynamo cannot trace): told its N, told nothing, or loaded."""
     x = torch.randn(2, 21, 32)
     built = vitmix.mixers.create("linformer", 32, 4, seq_len=21)
-    lazy = vitmix.mixers.create("linformer", 32, 4)
-    lazy(x)                                                            # built by the first input
+    untold = vitmix.mixers.create("linformer", 32, 4)
+    untold(x)                                                          # the first 21 of its 197 columns
     loaded = vitmix.mixers.create("linformer", 32, 4)
-    loaded.load_state_dict(built.state_dict())                         # materialised by the lazy load hook
-    loaded(x)
-    monkeypatch.setattr(linformer, "is_lazy", lambda p: pytest.fail("is_lazy called in a built forward"))
-    for layer in (built, lazy, loaded):
-        assert layer(x).shape == x.shape and layer.seq_len == 21
+    loaded.load_state_dict(built.state_dict())                         # takes the saved length
+    for layer in (built, untold, loaded):
+        assert layer(x).shape == x.shape and type(layer.max_seq_len) is int
+    assert built.seq_len == loaded.seq_len == 21 and untold.seq_len is None
     torch.testing.assert_close(loaded(x), built(x), rtol=0, atol=0)
 
 
@@ -289,24 +288,125 @@ if os.environ.get("VITMIX_TEST_ALL_MODELS"):     # opt-in: minutes (defined only
 
 
 # ------------------------------------------------------------------------------------- ONNX
+def _needs_onnx_packages():
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        pytest.importorskip(name, reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
+
+
+def _dynamo_onnx_export(model, args, path):
+    """What a deployment pipeline calls: ``torch.onnx.export`` on the model itself (no vitmix helper, no
+    decomposition table), with a dynamic batch."""
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        torch.onnx.export(model, args, str(path), dynamo=True, dynamic_shapes=tuple({0: batch} for _ in args),
+                          verbose=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("row", FAMILY_PARAMS)
 def test_family_onnx_matches_onnxruntime(row, tmp_path):
-    pytest.importorskip("onnxruntime", reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
-    pytest.importorskip("onnxscript", reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
-    claim = row["ONNX"]
-    if claim.startswith("no"):
-        model = _family_model(row)
-        with pytest.raises(TRACING_FAILURE):
-            write_onnx(_export(model, _inputs(model, 2)), tmp_path / "m.onnx")
-        return
-    model, program = _family_program(row["models"])
+    """Plain ``torch.onnx.export(model, ..., dynamo=True)`` after ``import vitmix``: the ops run their export
+    decompositions while it traces, so no custom op reaches the ONNX translation."""
+    _needs_onnx_packages()
+    model = _family_model(row)
     path = tmp_path / "m.onnx"
-    info = write_onnx(program, path)
-    assert info["inputs"][0][0] == "images" and info["inputs"][0][2].startswith("[batch, ")
-    assert len(info["inputs"]) == len(_inputs(model, 1)) and all(i[2].startswith("[batch") for i in info["inputs"])
+    if row["ONNX"].startswith("no"):
+        with pytest.raises(TRACING_FAILURE):
+            _dynamo_onnx_export(model, _inputs(model, 2), path)
+        return
+    _dynamo_onnx_export(model, _inputs(model, 2), path)
+    errors = onnxruntime_parity(path, model, _image_shape(model))       # batch 1 and 3: the batch is dynamic
+    assert max(errors.values()) <= 1e-4, errors
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:You are using the legacy TorchScript")
+@pytest.mark.parametrize("row", FAMILY_PARAMS)
+def test_family_torchscript_onnx_matches_onnxruntime(row, tmp_path):
+    """The TorchScript exporter, as timm's ``onnx_export`` calls it (its default, ``dynamo=False``); the
+    diffusion backbones take three inputs, which that helper cannot pass, so they go to
+    ``torch.onnx.export(..., dynamo=False)`` directly."""
+    _needs_onnx_packages()
+    from timm.utils.onnx import onnx_export
+
+    model = _family_model(row)
+    args, path = _inputs(model, 2), tmp_path / "m.onnx"
+    if len(args) == 1:
+        onnx_export(model, str(path), example_input=args[0])           # checks the file with onnx.checker
+    else:
+        names = ["images", "t", "y"]
+        torch.onnx.export(model, args, str(path), dynamo=False, input_names=names,
+                          dynamic_axes={name: {0: "batch"} for name in names})
     errors = onnxruntime_parity(path, model, _image_shape(model))
     assert max(errors.values()) <= 1e-4, errors
+
+
+@pytest.mark.slow
+def test_write_onnx_of_an_exported_program_matches_onnxruntime(tmp_path):
+    """``vitmix export``'s route: a saved ``torch.export`` program (custom ops inside) rewritten with
+    ``export_decompositions()``, then converted."""
+    _needs_onnx_packages()
+    model = _mixer_model("laplacian")
+    program = export_program(model, _inputs(model, 2)[0])
+    info = write_onnx(program, tmp_path / "m.onnx")
+    assert info["inputs"] == [("images", "float32", "[batch, 3, 32, 32]")]
+    errors = onnxruntime_parity(tmp_path / "m.onnx", model, _image_shape(model))
+    assert max(errors.values()) <= 1e-4, errors
+
+
+def test_onnx_export_leaves_eager_calls_and_other_exports_alone():
+    """The decompositions run only while torch.onnx traces: eager calls and torch.export keep the custom ops."""
+    from vitmix.ops._common import exporting_to_onnx
+
+    import torch.onnx  # noqa: F401 - imported or not, eager calls never take the ONNX route
+
+    assert not exporting_to_onnx()
+    model = _mixer_model("soft")
+    targets = {str(n.target) for n in export_program(model, _inputs(model, 2)[0]).graph.nodes}
+    assert "vitmix.gaussian_kernel.default" in targets
+
+
+@pytest.mark.parametrize("size", [(8, 8), (7, 5), (3, 3), (2, 4)])
+def test_weightformer_pools_by_slices_like_adaptive_avg_pool2d(size):
+    """WeightFormer's kernel predictor pools this way under torch.jit.trace (the TorchScript ONNX exporter
+    has no adaptive pooling to a size that does not divide the input)."""
+    import torch.nn.functional as F
+
+    from vitmix.models.weightformer import _adaptive_avg_pool_by_slices
+
+    x = torch.randn(2, 4, *size, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_adaptive_avg_pool_by_slices(x, 3), F.adaptive_avg_pool2d(x, 3), rtol=1e-6, atol=1e-7)
+
+
+@functools.lru_cache(maxsize=None)
+def _saved_program(folder: str):
+    """A ``.pt2`` file with vitmix custom ops (SOFT: Gaussian kernel, Newton–Schulz), an input and the
+    eager output for it."""
+    model = _mixer_model("soft")
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    torch.export.save(export_program(model, x[:2]), os.path.join(folder, "soft.pt2"))
+    with torch.no_grad():
+        return x, model(x)
+
+
+@pytest.mark.parametrize("imports", ["import torch, vitmix", "import vitmix, torch"])
+def test_torch_export_load_needs_only_import_vitmix(imports, tmp_path_factory):
+    """The pt2 round trip in a fresh process that imports vitmix and nothing else of it: the ops are
+    registered as soon as both vitmix and torch are loaded, in either order."""
+    import subprocess
+    import sys
+
+    folder = str(tmp_path_factory.getbasetemp() / "pt2")
+    os.makedirs(folder, exist_ok=True)
+    x, want = _saved_program(folder)
+    torch.save(x, os.path.join(folder, "x.pt"))
+    code = (f"{imports}; import os; d = {folder!r}\n"
+            "program = torch.export.load(os.path.join(d, 'soft.pt2')).module()\n"
+            "with torch.no_grad():\n"
+            "    torch.save(program(torch.load(os.path.join(d, 'x.pt'))), os.path.join(d, 'out.pt'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert relative_error(torch.load(os.path.join(folder, "out.pt")), want) <= 1e-5
 
 
 def test_onnx_refuses_the_cholesky_start_with_a_named_option(tmp_path):
@@ -316,6 +416,23 @@ def test_onnx_refuses_the_cholesky_start_with_a_named_option(tmp_path):
                                 mixer_options={"newton_alpha": "safe"}).eval()
     with pytest.raises(ValueError, match="newton_alpha='transpose'"):
         write_onnx(export_program(model, _inputs(model, 2)[0]), tmp_path / "m.onnx")
+
+
+@pytest.mark.slow
+def test_plain_torch_onnx_export_names_the_option_for_the_cholesky_start(tmp_path):
+    """The same refusal through plain torch.onnx.export (its strict fallback capture included): the
+    ValueError is the cause of torch.onnx's error, not a missing ONNX function for a vitmix op."""
+    _needs_onnx_packages()
+    torch.manual_seed(0)
+    model = vitmix.create_model("vit_nano_patch4_32", mixer="laplacian", depth=1,
+                                mixer_options={"newton_alpha": "safe"}).eval()
+    with pytest.raises(TRACING_FAILURE) as failure:
+        _dynamo_onnx_export(model, _inputs(model, 2), tmp_path / "m.onnx")
+    chain, error = [], failure.value
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__
+    assert any(isinstance(e, ValueError) and "newton_alpha='transpose'" in str(e) for e in chain), chain
 
 
 # -------------------------------------------------------------------------------------- CLI

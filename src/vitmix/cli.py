@@ -23,10 +23,48 @@ _SUBCOMMAND_MODULES = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """vitmix's parsers never match a flag by its prefix (``allow_abbrev=False``): with prefixes,
+    timm's ``--lr-base 1`` silently became ``--lr-base-batch 1``."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+
+
+class CommandParser(Parser):
+    """The parser of one subcommand (and, through ``add_subparsers``, of its own jobs): a flag it does
+    not know is reported as this command's one-line error, with the closest flags it does know,
+    rather than by the top-level ``vitmix`` parser."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggest(extras[0])}")
+        return namespace, extras
+
+    def _suggest(self, arg: str) -> str:
+        from ._util import close_matches
+
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("--"):
+            return ""
+        known = [o[2:] for o, action in self._option_string_actions.items()
+                 if o.startswith("--") and action.help is not argparse.SUPPRESS]
+        return close_matches(flag[2:], known).replace(": ", ": --").replace(", ", ", --")
+
+    def error(self, message: str):
+        """One line on stderr, exit status 2 (argparse's usage block would bury it)."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+#: How to continue an interrupted job whose own message would name the wrong command.
+_CONTINUE = {"compare": "rerun the same command to continue where it stopped"}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitmix", description=__doc__.splitlines()[0])
+    parser = Parser(prog="vitmix", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for name in _SUBCOMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
     return parser
@@ -49,8 +87,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, FloatingPointError) as err:
         print(f"vitmix {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"vitmix {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:   # say how to continue (train names its run directory)
+        how = _CONTINUE.get(args.command) or str(err)
+        print(f"vitmix {args.command}: interrupted" + (f"; {how}" if how else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:          # `vitmix mixers | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -19,6 +19,10 @@ inputs are ``images`` followed by the forward's own argument names.
   largest difference exceeds ``1e-4`` of the largest PyTorch output. Needs ``pip install 'vitmix[export]'``
   (``onnx``, ``onnxscript``, ``onnxruntime``).
 
+The command is the checked convenience: ``torch.onnx.export(model, ..., dynamo=True)``, timm's
+``onnx_export`` and ``torch.export.load`` work on vitmix models after ``import vitmix`` alone (the
+ops decompose themselves while ``torch.onnx`` traces; see ``docs/compile-export.md``).
+
 Options that ONNX cannot express are a one-line ``ValueError`` naming the option to change
 (``newton_alpha="safe"`` on untied landmarks picks its start with a Cholesky test; ``inverse="exact"``
 is an LU solve with a pseudo-inverse fallback).

@@ -1,13 +1,14 @@
 """Datasets: the embedded digits split, Fashion-MNIST idx reading, and clear errors for missing data."""
 import gzip
-import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from vitmix.data import build_datasets
-from vitmix.data.datasets import FASHION_MNIST_SYSTEM_DIR
+from vitmix.data.datasets import FASHION_MNIST_ENV, FASHION_MNIST_SYSTEM_DIR, fashion_mnist_dir
 from vitmix.data.idx import find_idx, read_idx
 
 
@@ -27,30 +28,49 @@ def _write_idx(path: Path, array: np.ndarray, gz: bool):
     (gzip.open if gz else open)(path, "wb").write(data)
 
 
-@pytest.mark.parametrize("gz", [True, False])
-def test_fashion_mnist_reads_raw_idx_from_data_dir(tmp_path, gz):
+def _write_fake_fashion_mnist(root: Path, gz: bool):
+    """12 train and 5 test random items in the four idx files."""
     rng = np.random.default_rng(0)
     suffix = ".gz" if gz else ""
     for split, n in (("train", 12), ("t10k", 5)):
-        _write_idx(tmp_path / f"{split}-images-idx3-ubyte{suffix}", rng.integers(0, 255, (n, 28, 28)), gz)
-        _write_idx(tmp_path / f"{split}-labels-idx1-ubyte{suffix}", rng.integers(0, 10, (n,)), gz)
+        _write_idx(root / f"{split}-images-idx3-ubyte{suffix}", rng.integers(0, 255, (n, 28, 28)), gz)
+        _write_idx(root / f"{split}-labels-idx1-ubyte{suffix}", rng.integers(0, 10, (n,)), gz)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_fashion_mnist_reads_raw_idx_from_data_dir(tmp_path, gz):
+    _write_fake_fashion_mnist(tmp_path, gz)
     train, val, info = build_datasets("fashion-mnist", img_size=32, data_dir=str(tmp_path))
     assert (len(train), len(val)) == (12, 5) and info.classes[9] == "Ankle boot"
     assert tuple(train[3][0].shape) == (1, 32, 32)
 
 
-def test_fashion_mnist_system_package_is_read_when_installed():
-    """With Debian's dataset-fashion-mnist (CI installs it: CI=true makes it mandatory) the default
-    location is read; on a machine without it, ``make test`` still passes and the loader's error says
-    where it looked and how to install the package."""
-    if not FASHION_MNIST_SYSTEM_DIR.is_dir():
-        assert os.environ.get("CI", "") != "true", "CI must run `apt-get install dataset-fashion-mnist` (.ci/run)"
-        with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-            build_datasets("fashion-mnist", img_size=28)
-        return
+@pytest.mark.needs_fashion_mnist
+def test_fashion_mnist_system_package_is_read():
+    """Debian's dataset-fashion-mnist (CI installs it) is read from its default location."""
     train, val, _ = build_datasets("fashion-mnist", img_size=28)
     assert (len(train), len(val)) == (60000, 10000)
     assert set(np.unique(val.labels)) == set(range(10))
+
+
+def test_tests_without_the_marker_run_as_on_a_machine_without_fashion_mnist():
+    """tests/conftest.py hides the default location from every test not marked needs_fashion_mnist, also
+    in subprocesses: such a test fails on every machine, not only on one without the package. The
+    loader's error then says where it looked and how to install the package."""
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        build_datasets("fashion-mnist", img_size=28)
+    code = "from vitmix.data import build_datasets; build_datasets('fashion-mnist', img_size=28)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "FileNotFoundError" in out.stderr
+
+
+def test_the_folder_to_read_fashion_mnist_from_can_be_set(tmp_path, monkeypatch):
+    _write_fake_fashion_mnist(tmp_path, gz=True)
+    monkeypatch.setenv(FASHION_MNIST_ENV, str(tmp_path))
+    assert fashion_mnist_dir() == tmp_path
+    assert len(build_datasets("fashion-mnist", img_size=28)[1]) == 5
+    monkeypatch.delenv(FASHION_MNIST_ENV)
+    assert fashion_mnist_dir() == FASHION_MNIST_SYSTEM_DIR
 
 
 def test_missing_fashion_mnist_says_where_it_looked_and_how_to_get_it(tmp_path):

@@ -83,11 +83,63 @@ def test_timm_attn_binds_options_and_is_a_class():
 
 def test_grid_inference_and_errors():
     assert mixers.infer_grid(197) == (1, 14, 14)
-    assert mixers.infer_grid(201) == (5, 14, 14)  # CLS + 4 register tokens
+    assert mixers.infer_grid(201, num_prefix_tokens=5) == (5, 14, 14)  # CLS + 4 register tokens, when told
     assert mixers.resolve_grid(61, (6, 10)) == (1, 6, 10)
+    assert mixers.resolve_grid(60, (6, 10)) == (0, 6, 10)
     with pytest.raises(ValueError, match="hw=\\(H, W\\)"):
         mixers.infer_grid(50, num_prefix_tokens=0)
     with pytest.raises(ValueError, match="expected N=62"):
         mixers.resolve_grid(61, (6, 10), num_prefix_tokens=2)
     with pytest.raises(ValueError, match="multiple of num_heads"):
         mixers.create("softmax", 65, 4)
+
+
+# ------------------------------------------------------- the grid is never guessed wrong (issue 21 item 2)
+def test_square_grid_is_inferred_only_after_the_told_or_default_prefix():
+    with pytest.raises(ValueError, match=r"N=201 tokens with 1 prefix token \(timm's default") as err:
+        mixers.infer_grid(201)             # CLS + 4 registers + 14x14: 5 prefix tokens cannot be guessed
+    assert "\n" not in str(err.value) and "set_token_grid(model, hw=(H, W), num_prefix_tokens=P)" in str(err.value)
+    with pytest.raises(ValueError, match="N=64 tokens with 1 prefix token"):
+        mixers.infer_grid(64)              # no CLS token: must be told (num_prefix_tokens=0)
+    assert mixers.infer_grid(64, num_prefix_tokens=0) == (0, 8, 8)
+
+
+def test_explicit_grid_cannot_turn_most_tokens_into_prefix():
+    layer = mixers.create("laplacian", DIM, HEADS)
+    x = torch.randn(1, 50, DIM)
+    with pytest.raises(ValueError, match=r"hw=\(3, 3\) would leave 41 prefix tokens") as err:
+        layer(x, hw=(3, 3))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="expected N=10"):
+        layer(x, hw=(3, 3), num_prefix_tokens=1)
+    assert layer(x, hw=(7, 7)).shape == x.shape                        # CLS + 7x7
+
+
+def _stock_vit(**kwargs):
+    return VisionTransformer(patch_size=16, embed_dim=DIM, depth=1, num_heads=HEADS, num_classes=3,
+                             attn_layer=mixers.timm_attn("laplacian"), **kwargs)
+
+
+def test_non_square_grid_in_stock_timm_fails_loudly_until_it_is_set():
+    torch.manual_seed(0)
+    model = _stock_vit(img_size=(96, 160)).eval()                      # CLS + 6x10 = 61 tokens
+    x = torch.randn(1, 3, 96, 160)
+    with pytest.raises(ValueError, match="N=61 tokens with 1 prefix token") as err:
+        model(x)                                                        # was: 12 prefix tokens + a 7x7 grid
+    assert "\n" not in str(err.value) and "set_token_grid" in str(err.value)
+    mixers.set_token_grid(model, hw=(6, 10), num_prefix_tokens=1)
+    attn = model.blocks[0].attn
+    seen = []
+    attn.register_forward_pre_hook(lambda m, args, kwargs: seen.append(m.token_grid(args[0].shape[1])),
+                                   with_kwargs=True)
+    assert model(x).shape == (1, 3) and seen == [(1, 6, 10)]
+
+
+def test_square_grid_in_stock_timm_still_works_and_registers_need_telling():
+    torch.manual_seed(0)
+    assert _stock_vit(img_size=64)(torch.randn(2, 3, 64, 64)).shape == (2, 3)    # CLS + 4x4, inferred
+    with_registers = _stock_vit(img_size=64, reg_tokens=4)                         # 5 prefix tokens + 4x4
+    with pytest.raises(ValueError, match="N=21 tokens with 1 prefix token"):
+        with_registers(torch.randn(1, 3, 64, 64))
+    mixers.set_token_grid(with_registers, hw=(4, 4), num_prefix_tokens=with_registers.num_prefix_tokens)
+    assert with_registers(torch.randn(1, 3, 64, 64)).shape == (1, 3)

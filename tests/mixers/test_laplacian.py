@@ -121,7 +121,7 @@ def test_structure_and_defaults():
 
 
 def test_qk_norm_matches_reference_with_normed_inputs():
-    layer = _make(qk_norm=True, norm_scale="none").eval()
+    layer = _make(qk_norm=True, norm_scale="none", num_prefix_tokens=0).eval()
     x = torch.randn(2, 64, 48, dtype=torch.float64)
     out = layer(x)
     b, n, h, d = 2, 64, 3, 16
@@ -160,7 +160,8 @@ def test_attention_map_is_the_normalised_map_and_reproduces_the_layer():
 
 
 def test_all_tokens_as_landmarks_and_exact_inverse_give_exact_kernel_attention():
-    layer = _make(landmark_stride=1, normalize=False, inverse="exact", newton_eps=0.0, conv_kernel=0)
+    layer = _make(landmark_stride=1, normalize=False, inverse="exact", newton_eps=0.0, conv_kernel=0,
+                  num_prefix_tokens=0)
     x = torch.randn(1, 25, 48, dtype=torch.float64)
     amap = layer.attention_map(x)
     q, k, _, _, _, _ = layer._project(x, (0, 5, 5))
@@ -236,13 +237,13 @@ def test_bf16_autocast_is_finite_forward_and_backward(opts):
 
 def test_large_feature_values_do_not_diverge():
     # unscaled features give tiny kernel values (the case that broke the official α): stays finite
-    layer = mixers.create("laplacian", 64, 2, qk_scale=1.0)
+    layer = mixers.create("laplacian", 64, 2, qk_scale=1.0, num_prefix_tokens=0)
     out = layer(50 * torch.randn(1, 64, 64))
     assert torch.isfinite(out).all()
 
 
 def test_whole_layer_memory_grows_linearly():
-    layer = mixers.create("laplacian", 64, 2, num_landmarks=49)
+    layer = mixers.create("laplacian", 64, 2, num_landmarks=49, num_prefix_tokens=0)
 
     def step(side):
         def run():

@@ -129,7 +129,7 @@ def test_kernel_matrix_is_symmetric_with_unit_diagonal_when_landmarks_are_all_to
     # avgpool with stride 1: the landmarks are the tokens, so Ŝ = S·NS(S)·S; with the exact
     # inverse of S + εI this is ≈ S (tied Q = K gives a symmetric S with S_ii = 1)
     layer = mixers.create("soft", 32, 2, landmark_stride=1, landmarks="avgpool", inverse="exact",
-                          conv_kernel=0).double()
+                          conv_kernel=0, num_prefix_tokens=0).double()
     x = torch.randn(2, 16, 32, dtype=torch.float64)
     amap = layer.attention_map(x)
     torch.testing.assert_close(amap, amap.transpose(-1, -2), rtol=1e-9, atol=1e-9)
@@ -147,8 +147,8 @@ def test_attention_map_reproduces_the_layer_without_local_term():
 
 
 def test_soft_norm_differs_from_soft_only_by_landmark_degrees():
-    soft = _make("soft")
-    norm = mixers.create("soft_norm", 48, 3, qkv_bias=True).double()
+    soft = _make("soft", num_prefix_tokens=0)
+    norm = mixers.create("soft_norm", 48, 3, qkv_bias=True, num_prefix_tokens=0).double()
     norm.load_state_dict(soft.state_dict())
     x = torch.randn(1, 64, 48, dtype=torch.float64)
     assert isinstance(norm, SoftNormAttention) and isinstance(norm, SoftAttention)
@@ -157,8 +157,8 @@ def test_soft_norm_differs_from_soft_only_by_landmark_degrees():
 
 
 def test_fixed_landmark_count_by_adaptive_pooling():
-    layer = _make("soft", landmark_stride=2, num_landmarks=16).eval()
-    fixed = mixers.create("soft", 48, 3, qkv_bias=True, landmark_stride=2).double().eval()
+    layer = _make("soft", landmark_stride=2, num_landmarks=16, num_prefix_tokens=0).eval()
+    fixed = mixers.create("soft", 48, 3, qkv_bias=True, landmark_stride=2, num_prefix_tokens=0).double().eval()
     fixed.load_state_dict(layer.state_dict())
     x = torch.randn(1, 64, 48, dtype=torch.float64)
     # at the grid the conv was made for (8x8 = 4·2 x 4·2) adaptive pooling is the identity
@@ -183,9 +183,9 @@ def test_bad_input_errors():
         layer(torch.randn(1, 7 * 8, 48), hw=(7, 8))
     assert mixers.create("soft", 48, 3)(torch.randn(1, 7 * 8, 48), hw=(7, 8)).shape == (1, 56, 48)  # 'auto' pools
     with pytest.raises(ValueError, match="smaller than landmark_stride=4"):
-        mixers.create("soft", 48, 3, landmark_stride=4)(torch.randn(1, 9, 48))
+        mixers.create("soft", 48, 3, landmark_stride=4)(torch.randn(1, 9, 48), num_prefix_tokens=0)
     with pytest.raises(ValueError, match="smaller than the 7x7=49 landmarks"):
-        mixers.create("soft", 48, 3, num_landmarks=49)(torch.randn(1, 36, 48))
+        mixers.create("soft", 48, 3, num_landmarks=49)(torch.randn(1, 36, 48), num_prefix_tokens=0)
     with pytest.raises(ValueError, match="perfect square"):
         mixers.create("soft", 48, 3, num_landmarks=50)
     with pytest.raises(ValueError, match="multiple of num_heads"):
@@ -199,7 +199,7 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="attn_drop"):
         mixers.create("soft_norm", 48, 3, attn_drop=0.1)
     with pytest.raises(ValueError, match="cannot infer a square token grid"):
-        layer(torch.randn(1, 98, 48))  # no square grid after 0..16 prefix tokens
+        layer(torch.randn(1, 98, 48))  # 97 tokens after the default CLS token: not a square
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -225,7 +225,7 @@ def test_bf16_autocast_is_finite_forward_and_backward(name):
 
 def test_whole_layer_memory_grows_linearly():
     # fixed m (adaptive pooling): with a fixed stride m grows with N and the cost is quadratic
-    layer = mixers.create("soft", 64, 2, num_landmarks=49)
+    layer = mixers.create("soft", 64, 2, num_landmarks=49, num_prefix_tokens=0)
 
     def step(side):
         def run():

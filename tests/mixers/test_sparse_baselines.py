@@ -238,22 +238,64 @@ def test_sparse_longformer_formula_counts_window_and_prefix_pairs():
 
 
 # ---------------------------------------------------------------------------- Linformer's length N
-def test_linformer_gets_its_length_from_construction_grid_or_first_input():
+def test_linformer_gets_its_length_from_construction_or_the_grid_it_is_told():
     assert mixers.create("linformer", DIM, HEADS, seq_len=30).seq_len == 30
     assert mixers.create("linformer", DIM, HEADS, hw=(4, 5), num_prefix_tokens=1).seq_len == 21
-    lazy = mixers.create("linformer", DIM, HEADS, hw=(4, 5))       # prefix unknown: N unknown
-    assert lazy.seq_len is None and lazy.has_uninitialized_params()
-    lazy(torch.randn(2, 22, DIM))
-    assert lazy.seq_len == 22 and not lazy.has_uninitialized_params()
-    with pytest.raises(ValueError, match="built for N=22 tokens, got N=26"):
-        lazy(torch.randn(2, 26, DIM))
+    untold = mixers.create("linformer", DIM, HEADS, hw=(4, 5))       # prefix unknown: N unknown
+    assert untold.seq_len is None and untold.max_seq_len == 197 and untold.compress_k.shape == (64, 197)
+    untold(torch.randn(2, 22, DIM))                                   # the first 22 columns of E/F
+    untold(torch.randn(2, 197, DIM))
+    with pytest.raises(ValueError, match="N=198 tokens exceed max_seq_len=197.*seq_len=198") as err:
+        untold(torch.randn(2, 198, DIM))
+    assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="disagrees"):
         mixers.create("linformer", DIM, HEADS, seq_len=30, hw=(4, 5), num_prefix_tokens=1)
+    with pytest.raises(ValueError, match="max_seq_len=50 is for a layer told no N"):
+        mixers.create("linformer", DIM, HEADS, seq_len=30, max_seq_len=50)
     built = mixers.create("linformer", DIM, HEADS)
+    e = built.compress_k
     mixers.set_token_grid(built, (4, 5), 2)
-    assert built.seq_len == 22
+    assert built.seq_len == 22 and built.compress_k is e and e.shape == (64, 22)   # re-shaped in place
     with pytest.raises(ValueError, match="built for N=22"):
         mixers.set_token_grid(built, (5, 5), 1)
+    with pytest.raises(ValueError, match="built for N=22 tokens, got N=21"):
+        built(torch.randn(1, 21, DIM))
+
+
+def test_linformer_parameters_exist_before_any_forward_in_stock_timm():
+    """Issue 21 item 8: timm summaries, FLOP counters and optimizers see concrete E/F at once."""
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=4, embed_dim=DIM, depth=2, num_heads=HEADS, num_classes=3,
+                              attn_layer=mixers.timm_attn("linformer", k=8))
+    before = sum(p.numel() for p in model.parameters())               # raised "uninitialized parameter"
+    attn = model.blocks[0].attn
+    assert attn.compress_k.shape == (8, 197) and attn.awaits_grid
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()                 # 65 tokens: E/F's first 65 columns
+    assert sum(p.numel() for p in model.parameters()) == before
+    assert attn.compress_k.grad[:, 65:].abs().sum() == 0 < attn.compress_k.grad[:, :65].abs().sum()
+    optimizer.step()
+    trained = attn.compress_k.detach().clone()
+    mixers.set_token_grid(model, hw=(8, 8), num_prefix_tokens=1)      # told after training: E/F are kept
+    assert torch.equal(attn.compress_k, trained) and not attn.awaits_grid
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+
+
+def test_linformer_in_a_stock_vit_fits_the_grid_it_is_told_without_new_parameter_objects():
+    def stock():
+        return VisionTransformer(img_size=32, patch_size=4, embed_dim=DIM, depth=1, num_heads=HEADS, num_classes=3,
+                                 attn_layer=mixers.timm_attn("linformer", k=8))
+
+    torch.manual_seed(0)
+    model = stock()
+    params = [id(p) for p in model.parameters()]
+    mixers.set_token_grid(model, hw=(8, 8), num_prefix_tokens=1)
+    assert [id(p) for p in model.parameters()] == params
+    assert model.blocks[0].attn.compress_k.shape == (8, 65) and model.blocks[0].attn.seq_len == 65
+    loaded = stock()
+    loaded.load_state_dict(model.state_dict())                         # takes the saved length
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
 
 
 def test_linformer_in_timm_models_at_another_image_size():
@@ -262,10 +304,11 @@ def test_linformer_in_timm_models_at_another_image_size():
     assert model(torch.randn(1, 3, 48, 48)).shape == (1, 10)
     stock = VisionTransformer(img_size=32, patch_size=4, embed_dim=DIM, depth=1, num_heads=HEADS, num_classes=3,
                               attn_layer=mixers.timm_attn("linformer", k=8), dynamic_img_size=True)
-    stock(torch.randn(1, 3, 32, 32)).sum().backward()        # built lazily at the first input: 65 tokens
-    assert stock.blocks[0].attn.compress_k.grad.shape == (8, 65)
-    with pytest.raises(ValueError, match="built for N=65 tokens, got N=101"):
-        stock(torch.randn(1, 3, 40, 40))
+    stock(torch.randn(1, 3, 32, 32)).sum().backward()        # told no N: up to 197 tokens, here 65
+    assert stock.blocks[0].attn.compress_k.grad.shape == (8, 197)
+    assert stock(torch.randn(1, 3, 40, 40)).shape == (1, 3)  # 101 tokens
+    with pytest.raises(ValueError, match="N=257 tokens exceed max_seq_len=197"):
+        stock(torch.randn(1, 3, 64, 64))
 
 
 # ------------------------------------------------------------------------------ shared behaviour
@@ -300,7 +343,8 @@ def test_bench_and_analysis_cover_the_new_mixers():
 
 @pytest.mark.parametrize("name,bad,match", [
     ("linformer", {"k": 0}, "k=0"), ("linformer", {"sharing": "headwsie"}, "Did you mean: headwise"),
-    ("linformer", {"seq_len": 0}, "seq_len"), ("topk", {"topk": 0}, "topk=0"),
+    ("linformer", {"seq_len": 0}, "seq_len"), ("linformer", {"max_seq_len": True}, "max_seq_len"),
+    ("topk", {"topk": 0}, "topk=0"),
     ("longformer", {"radius": -1}, "radius"), ("longformer", {"mode": "sparce"}, "Did you mean: sparse"),
     ("longformer", {"attn_drop": 0.1}, "mode='masked'"), ("bigbird", {"window_blocks": 2}, "odd"),
     ("bigbird", {"block_size": 0}, "block_size"), ("bigbird", {"attn_drop": 0.1}, "mode='masked'"),
@@ -312,10 +356,10 @@ def test_bad_options_are_one_line_errors(name, bad, match):
 
 
 def test_linformer_in_a_pyramid_is_materialized_by_create_model():
-    """Pyramid stages learn their grid in the first forward; create_model runs one at the model's input
-    size so the lazy E/F exist before anyone counts, saves or optimises the parameters."""
+    """Pyramid stages pass their grid only in a forward; create_model runs one at the model's input
+    size so E/F have their final length before anyone counts, saves or optimises the parameters."""
     model = vitmix.create_model("soft_tiny", mixer="linformer", img_size=64, num_classes=3)
-    assert not any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters())
+    assert not any(getattr(m, "awaits_grid", False) for m in model.modules())
     assert model.training
     lengths = {m.compress_k.shape[-1] for m in model.modules() if isinstance(m, mixers.get_mixer_class("linformer"))}
     assert lengths == {16 * 16, 8 * 8, 4 * 4}        # stages 1-3 at 64² (strides 4, 8, 16); stage 4 is softmax

@@ -38,7 +38,7 @@ def test_vitmix_train_on_moving_fashion_mnist_end_to_end(fashion_dir, tmp_path, 
         assert (out / name).is_file(), name
     _, meta = load_weights(out / "last.safetensors")
     assert (meta["num_frames"], meta["in_chans"], meta["num_classes"], meta["img_size"]) == (6, 1, 4, 32)
-    result = evaluate_checkpoint(out)
+    result = evaluate_checkpoint(out, data_dir=str(fashion_dir))   # the clips it validated on
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert result["val_images"] == 2000 and result["val_acc"] == pytest.approx(history[-1]["val_acc"])
     capsys.readouterr()

@@ -41,9 +41,9 @@ def load_images(n: int = 8, size: int = 32, source: str = "auto", seed: int = 0,
     if n <= 0 or size <= 0:
         raise ValueError(f"need a positive number of images and size, got n={n}, size={size}")
     if fashion_dir is None:
-        from ..data.datasets import FASHION_MNIST_SYSTEM_DIR
+        from ..data.datasets import fashion_mnist_dir
 
-        fashion_dir = str(FASHION_MNIST_SYSTEM_DIR)
+        fashion_dir = str(fashion_mnist_dir())
     path = _fashion_file(fashion_dir)
     if source == "fashion-mnist" and path is None:
         raise FileNotFoundError(f"no Fashion-MNIST IDX files under {fashion_dir}; install the Debian package "

@@ -1,6 +1,7 @@
 """Dataset factory: name → (train, val) torch datasets with timm transforms."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
@@ -14,7 +15,10 @@ from torch.utils.data import DataLoader, Dataset
 from .._util import close_matches
 from .idx import find_idx, read_idx
 
+#: where Debian's ``dataset-fashion-mnist`` installs the idx files
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+#: environment variable naming another folder to read Fashion-MNIST from when no ``--data-dir`` is given
+FASHION_MNIST_ENV = "VITMIX_FASHION_MNIST_DIR"
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                          "Sneaker", "Bag", "Ankle boot")
 
@@ -84,13 +88,19 @@ def _digits(data_dir, download, img_size, augment, val_fraction: float = 0.2, sp
 
 # --- Fashion-MNIST from raw idx files (data/idx.py says why not torchvision's reader) -----------------------
 
+def fashion_mnist_dir() -> Path:
+    """The folder Fashion-MNIST is read from without ``--data-dir``: ``$VITMIX_FASHION_MNIST_DIR`` when
+    set, else :data:`FASHION_MNIST_SYSTEM_DIR` (read at each call, so a changed setting applies)."""
+    return Path(os.environ.get(FASHION_MNIST_ENV) or FASHION_MNIST_SYSTEM_DIR)
+
+
 FASHION_INFO = DatasetInfo("fashion-mnist", 10, 1, 28, (0.2860,), (0.3530,), FASHION_MNIST_CLASSES)
 _FASHION_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                   "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
 
 def _fashion_mnist(data_dir, download, img_size, augment):
-    roots = [Path(data_dir)] if data_dir else [FASHION_MNIST_SYSTEM_DIR]
+    roots = [Path(data_dir)] if data_dir else [fashion_mnist_dir()]
     if download:
         import torchvision
 
@@ -107,7 +117,7 @@ def _fashion_mnist(data_dir, download, img_size, augment):
                 f"Fashion-MNIST file {img_stem if paths[0] is None else lbl_stem}[.gz] not found in {looked} "
                 f"(also looked in raw/ and FashionMNIST/raw/). Install it with "
                 f"`apt-get install dataset-fashion-mnist` (files go to {FASHION_MNIST_SYSTEM_DIR}), "
-                f"pass --data-dir DIR holding the idx files, or add --download"
+                f"pass --data-dir DIR holding the idx files (or set {FASHION_MNIST_ENV}=DIR), or add --download"
             )
         arrays[split] = (read_idx(paths[0]), read_idx(paths[1]))
     t_train, t_val = _transforms(FASHION_INFO, img_size, augment)
@@ -259,11 +269,16 @@ def build_datasets(name: str, img_size: int, data_dir: Optional[str] = None, dow
 
 
 def build_loaders(train, val, batch_size: int, workers: int = 0, seed: int = 0, sampler=None,
-                  val_sampler=None):
-    """DataLoaders with a seeded shuffle so CPU runs repeat exactly."""
+                  val_sampler=None, batch_sampler=None, pin_memory: bool = False):
+    """DataLoaders with a seeded shuffle so CPU runs repeat exactly; a ``batch_sampler`` (e.g.
+    ``vitmix.data.sampling.GlobalBatchSampler``) forms the training batches itself. ``pin_memory``:
+    batches in page-locked memory, for faster (asynchronous) copies to a CUDA device."""
     gen = torch.Generator().manual_seed(seed)
-    kw = dict(num_workers=workers, persistent_workers=workers > 0)
-    train_loader = DataLoader(train, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
-                              drop_last=len(train) > batch_size, generator=gen, **kw)
+    kw = dict(num_workers=workers, persistent_workers=workers > 0, pin_memory=pin_memory)
+    if batch_sampler is not None:
+        train_loader = DataLoader(train, batch_sampler=batch_sampler, generator=gen, **kw)
+    else:
+        train_loader = DataLoader(train, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
+                                  drop_last=len(train) > batch_size, generator=gen, **kw)
     val_loader = DataLoader(val, batch_size=batch_size, shuffle=False, sampler=val_sampler, **kw)
     return train_loader, val_loader

@@ -7,8 +7,12 @@ class itself (not a ``functools.partial``) can be handed to
 
 Spatial mixers also need the token grid. It can be given explicitly, at construction
 (``hw=(H, W)``, ``num_prefix_tokens=P``), per call (``forward(x, hw=..., num_prefix_tokens=...)``)
-or for a whole model with :func:`set_token_grid`. Without it, the grid is inferred as the square
-that remains after the fewest prefix (CLS/register) tokens: ``N = P + S*S``.
+or for a whole model with :func:`set_token_grid`. Without ``hw`` the grid is inferred only where it
+is unambiguous: a square ``S×S`` after the prefix count the mixer was told, or after timm's default
+of one CLS token when it was told none (``N = P + S*S``); anything else is a one-line ``ValueError``
+saying to pass ``hw`` / call :func:`set_token_grid` (a non-square grid, registers or no CLS token
+cannot be guessed from N). With ``hw`` and no prefix count, ``N - H*W`` must be 0 or 1 (timm's
+layouts without registers).
 """
 from __future__ import annotations
 
@@ -22,27 +26,45 @@ from .._util import close_matches  # also imported from here by the mixers
 
 # Keyword arguments that some timm versions pass to ``attn_layer`` and that mixers may ignore.
 _TIMM_EXTRA_KWARGS = frozenset({"depth", "device", "dtype", "attn_head_dim", "dim_out", "gated"})
-_MAX_INFERRED_PREFIX = 16
+#: timm's ``VisionTransformer`` default: one CLS token and no registers (``num_prefix_tokens=1``)
+TIMM_DEFAULT_PREFIX = 1
+#: prefix counts accepted with an explicit ``hw`` when none was told: no CLS token, or timm's one
+_UNTOLD_PREFIXES = (0, 1)
+_GRID_FIX = "pass hw=(H, W) to the mixer or call vitmix.mixers.set_token_grid(model, hw=(H, W), num_prefix_tokens=P)"
 
 
 def infer_grid(n_tokens: int, num_prefix_tokens: Optional[int] = None) -> Tuple[int, int, int]:
-    """Infer ``(prefix, H, W)`` for ``n_tokens`` tokens laid out as prefix tokens + a square grid."""
-    candidates = [num_prefix_tokens] if num_prefix_tokens is not None else range(_MAX_INFERRED_PREFIX + 1)
-    for p in candidates:
-        side = math.isqrt(max(n_tokens - p, 0))
-        if side > 0 and side * side == n_tokens - p:
-            return p, side, side
-    given = f" after {num_prefix_tokens} prefix tokens" if num_prefix_tokens is not None else ""
+    """``(prefix, S, S)`` for ``n_tokens`` tokens laid out as ``prefix`` tokens + a square grid.
+
+    ``prefix`` is ``num_prefix_tokens`` when given, else timm's default of one CLS token; no other
+    count is tried, since a square found after a guessed prefix can be a wrong layout (CLS + 6×10
+    = 61 tokens is not 12 + 7×7). Raises a one-line ``ValueError`` when the rest is not a square.
+    """
+    told = num_prefix_tokens is not None
+    prefix = int(num_prefix_tokens) if told else TIMM_DEFAULT_PREFIX
+    side = math.isqrt(max(n_tokens - prefix, 0))
+    if side > 0 and side * side == n_tokens - prefix:
+        return prefix, side, side
+    seen = f"{prefix} prefix token(s)" if told else f"{prefix} prefix token (timm's default CLS; none was set)"
+    full = math.isqrt(n_tokens)
+    hint = (f" (no CLS token: num_prefix_tokens=0 makes it {full}x{full})"
+            if not told and full * full == n_tokens else "")
     raise ValueError(
-        f"cannot infer a square token grid from N={n_tokens} tokens{given}; pass hw=(H, W) and "
-        f"num_prefix_tokens to the mixer (or call vitmix.mixers.set_token_grid(model, hw, prefix))"
+        f"cannot infer a square token grid from N={n_tokens} tokens with {seen}: {n_tokens - prefix} grid "
+        f"tokens are not a square; {_GRID_FIX}{hint}"
     )
 
 
 def resolve_grid(
     n_tokens: int, hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None
 ) -> Tuple[int, int, int]:
-    """Return ``(prefix, H, W)`` for a sequence of ``n_tokens`` tokens, checking consistency."""
+    """Return ``(prefix, H, W)`` for a sequence of ``n_tokens`` tokens, checking consistency.
+
+    With ``hw``, the prefix is ``n_tokens - H*W``: it must equal ``num_prefix_tokens`` when that is
+    given, else be 0 or 1 (no CLS token, or timm's one), so a wrong ``hw`` cannot turn most of the
+    sequence into "prefix" tokens. Without ``hw``: :func:`infer_grid`.
+    """
+    n_tokens = int(n_tokens)        # torch.jit.trace (TorchScript ONNX export) hands sizes over as tensors
     if hw is None:
         return infer_grid(n_tokens, num_prefix_tokens)
     h, w = int(hw[0]), int(hw[1])
@@ -55,6 +77,12 @@ def resolve_grid(
         raise ValueError(
             f"N={n_tokens} tokens do not match grid {h}x{w} plus {num_prefix_tokens} prefix tokens "
             f"(expected N={h * w + num_prefix_tokens})"
+        )
+    if num_prefix_tokens is None and prefix not in _UNTOLD_PREFIXES:
+        raise ValueError(
+            f"N={n_tokens} tokens with grid hw=({h}, {w}) would leave {prefix} prefix tokens, and no prefix "
+            f"count was set (0 or 1 are assumed); check hw, or pass num_prefix_tokens={prefix} to the mixer / "
+            f"vitmix.mixers.set_token_grid(model, hw=({h}, {w}), num_prefix_tokens={prefix})"
         )
     return prefix, h, w
 
@@ -85,8 +113,9 @@ class TokenMixer(nn.Module):
         num_heads: attention heads; must divide ``dim``.
         qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer: timm's meaning;
             a mixer that cannot honour one ignores it only when it is at its default.
-        hw: explicit token grid ``(H, W)``; inferred as a square when ``None``.
-        num_prefix_tokens: CLS/register tokens before the grid; inferred when ``None``.
+        hw: explicit token grid ``(H, W)``; inferred as a square when ``None`` (see the module docstring).
+        num_prefix_tokens: CLS/register tokens before the grid; when ``None``, timm's default of one CLS
+            token for an inferred square grid, 0 or 1 with ``hw``.
     """
 
     #: mixers that read the token grid set this to True (informational; used in docs and tests)
@@ -98,6 +127,12 @@ class TokenMixer(nn.Module):
     #: kernel mixers (inverses, normalisers) reject NaN/Inf inputs with a ``ValueError`` instead of
     #: propagating them into an iteration that would hide where they came from
     rejects_non_finite: bool = False
+    #: True while the layer's parameters still wait for a token grid it has not been told (Linformer's
+    #: E/F, sized by N); ``vitmix.create_model`` then runs one forward at the model's input size
+    awaits_grid: bool = False
+    #: submodules whose output is added to the mixed tokens (local convolutions of V): zeroed by
+    #: :meth:`load_attention`, so a layer converted from softmax attention starts without them
+    additive_terms: Tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -186,7 +221,8 @@ class TokenMixer(nn.Module):
     def token_grid(self, n_tokens: int, hw: Optional[Tuple[int, int]] = None,
                    num_prefix_tokens: Optional[int] = None) -> Tuple[int, int, int]:
         """``(prefix, H, W)`` for ``n_tokens`` tokens: the per-call grid, else the one set on the
-        mixer, else a square inferred after the prefix tokens. The one place a mixer resolves its grid."""
+        mixer, else a square inferred where unambiguous (:func:`resolve_grid`). The one place a mixer
+        resolves its grid."""
         hw = hw if hw is not None else self.hw
         prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
         return resolve_grid(n_tokens, hw, prefix)
@@ -198,6 +234,35 @@ class TokenMixer(nn.Module):
     def attention_map(self, x: torch.Tensor, **grid) -> torch.Tensor:
         """The effective ``(B, heads, N, N)`` token-to-token weights, for analysis (O(N^2))."""
         raise NotImplementedError(f"{type(self).__name__} does not expose an attention map")
+
+    @torch.no_grad()
+    def load_attention(self, state: dict) -> None:
+        """Start from a trained softmax attention layer (``vitmix.convert``): ``state`` holds its weights
+        under timm ``Attention``'s names (``qkv.*``, ``proj.*``, and ``q_norm.*``/``k_norm.*``/``norm.*``
+        when it has them). Default: copy them under the same names (the layout of
+        :class:`AttentionProjections` and LaplacianFormer) and zero the :attr:`additive_terms`; a mixer
+        with other layers or parameters that can start closer to the teacher overrides this."""
+        self._take_weights(state)
+        self._zero_additive_terms()
+
+    def _take_weights(self, weights: dict) -> None:
+        """Copy ``weights`` into this layer's tensors of the same names; ``ValueError`` naming the first
+        one it lacks or has in another shape."""
+        own = self.state_dict()
+        for key, value in weights.items():
+            if key not in own:
+                raise ValueError(f"{type(self).__name__} has no {key!r} to take the teacher's weights into; it "
+                                 f"cannot start from this attention layer (override load_attention)")
+            if own[key].shape != value.shape:
+                raise ValueError(f"{type(self).__name__}.{key} has shape {tuple(own[key].shape)}, the teacher's "
+                                 f"{tuple(value.shape)}")
+        self.load_state_dict(weights, strict=False)
+
+    def _zero_additive_terms(self) -> None:
+        for name in self.additive_terms:
+            module = getattr(self, name, None)
+            for p in module.parameters() if isinstance(module, nn.Module) else ():
+                p.zero_()
 
 
 class AttentionProjections:
@@ -234,7 +299,11 @@ class AttentionProjections:
 
 
 def set_token_grid(model: nn.Module, hw: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int] = None):
-    """Set the token grid of every vitmix mixer inside ``model`` (e.g. a stock timm ViT)."""
+    """Set the token grid of every vitmix mixer inside ``model`` (e.g. a stock timm ViT).
+
+    Needed in a stock timm ``VisionTransformer`` whose grid is not square or whose prefix is not one
+    CLS token (``class_token=False``, ``reg_tokens``): pass ``num_prefix_tokens=model.num_prefix_tokens``
+    and ``hw=model.patch_embed.grid_size``. Returns ``model``."""
     for module in model.modules():
         if isinstance(module, TokenMixer):
             module.set_grid(hw, num_prefix_tokens)

@@ -35,7 +35,7 @@ from ..ops.fibonacci import SHUFFLES, VARIANTS, _as_int, fibonacci_offsets, inte
 from ..ops.sparse_diagonal import (
     BACKENDS, masked_diagonal_attention, official_diagonal_attention, sparse_diagonal_attention,
 )
-from .base import AttentionProjections, TokenMixer, close_matches
+from .base import TIMM_DEFAULT_PREFIX, AttentionProjections, TokenMixer, close_matches
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .flops import linears_flops
 from ._cache import diagonal_pattern
@@ -161,6 +161,8 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         """``(B, N, C) -> (B, N, C)``. Only the prefix count matters: with ``num_prefix_tokens`` given
         (here or at construction) and no grid, any sequence length works."""
         prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
+        if prefix is None and hw is None and self.hw is None:
+            prefix = TIMM_DEFAULT_PREFIX                # told nothing: timm's one CLS token, never a guess from N
         if hw is None and self.hw is None and prefix is not None and x.dim() == 3:
             if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
                 raise ValueError(f"num_prefix_tokens must be a non-negative int, got {prefix!r}")

@@ -135,6 +135,7 @@ class LaplacianAttention(TokenMixer):
     spatial = True
     rejects_non_finite = True
     complexity = "linear"
+    additive_terms = ("conv",)   # the local conv on V: zero when converted from softmax (vitmix.convert)
     #: the string options and the values each accepts
     _CHOICES = {
         "inverse": ("newton", "exact"),

@@ -13,15 +13,23 @@ authors' code (Xavier-uniform with gain 1/√2) and applied to the keys/values a
 projection (the paper's equation; the authors' code compresses the layer input first, which differs
 only through the key/value bias).
 
-Sequence length: ``E`` and ``F`` have one column per token, so the layer is built for one length N:
-``seq_len=N``, or ``hw=(H, W)`` together with ``num_prefix_tokens`` (``N = P + H·W``), or — inside
-a timm model, where the attention layer is built before the grid is known —
-:func:`~vitmix.mixers.set_token_grid` (``vitmix.create_model`` calls it), or else the first input
-(the projections are torch lazy parameters until then: run one forward before counting
-parameters or wrapping the model in DDP, as with any ``torch.nn`` lazy module — the case of the
-pyramid backbones, whose stages learn their grid only at the first forward). Another length is a
+Sequence length: ``E`` and ``F`` have one column per token, so they depend on N. Their parameters
+exist from construction (so a model can be counted, summarised, saved or handed to an optimizer
+at once), built for exactly N when the layer is told it: ``seq_len=N``, or ``hw=(H, W)`` together
+with ``num_prefix_tokens`` (``N = P + H·W``), or — inside a timm model, where the attention layer is
+built before the grid is known — :func:`~vitmix.mixers.set_token_grid` (``vitmix.create_model``
+calls it) or a first call that passes the grid (the pyramid backbones, whose stages pass it on
+every call; ``vitmix.create_model`` runs that call). Such a layer refuses any other N with a
 ``ValueError``: interpolating learned projections to a new length is not part of the method, so a
-model at another image size must be built (or fine-tuned) at that size.
+model at another image size is built (or fine-tuned) at that size.
+
+A layer told nothing (a stock timm ``VisionTransformer(attn_layer=timm_attn("linformer"))``) is built
+for up to ``max_seq_len`` tokens (default :data:`DEFAULT_MAX_SEQ_LEN` = 197, timm's default ViT:
+224², patch 16, CLS) and uses the first N columns of ``E``/``F`` for an N-token input — the same as
+zero-padding the sequence to ``max_seq_len``, which is how reference implementations serve shorter
+sequences. Longer inputs are a ``ValueError`` naming ``seq_len`` and ``set_token_grid``. While such
+a layer's ``E``/``F`` hold their first draw (not trained, not loaded), being told its grid re-shapes
+them in place to exactly N, drawing them as a layer built for N would; trained ones are kept.
 
 Default ``k=64``: the projected length of the SOFT paper's Linformer comparison is not stated in
 the sources we could check; 64 sits just above the 49-key budget of vitmix's other linear baselines
@@ -34,14 +42,15 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.lazy import LazyModuleMixin
-from torch.nn.parameter import UninitializedParameter, is_lazy
+from torch import nn
 
 from .base import AttentionProjections, TokenMixer, close_matches
 from .registry import register_mixer
 
-__all__ = ["LinformerAttention", "linformer_reference", "SHARING"]
+__all__ = ["DEFAULT_MAX_SEQ_LEN", "LinformerAttention", "linformer_reference", "SHARING"]
 
+#: the length a layer that is told nothing is built for: timm's default ViT (224², patch 16, one CLS token)
+DEFAULT_MAX_SEQ_LEN = 197
 #: projection sharing schemes of the paper (layerwise sharing is not offered)
 SHARING = ("headwise", "kv", "none")
 
@@ -60,15 +69,23 @@ def linformer_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: to
     return torch.stack(heads, dim=1)
 
 
+def _positive_length(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name}={value!r} must be a positive integer (tokens, prefix included)")
+
+
 @register_mixer("linformer")
-class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
+class LinformerAttention(AttentionProjections, TokenMixer):
     """Linformer attention (Wang et al., 2020): keys/values projected to ``k`` rows; O(N·k).
 
     Args:
         k: projected length (default 64).
         sharing: ``"headwise"`` (default) | ``"kv"`` | ``"none"`` (see the module docstring).
         seq_len: the token count N the projections are built for; default: ``num_prefix_tokens +
-            H·W`` when both are given, else the grid set later or the first input's N.
+            H·W`` when both are given, else the grid set later (:func:`~vitmix.mixers.set_token_grid`
+            or a call with ``hw`` and ``num_prefix_tokens``).
+        max_seq_len: for a layer told no N: the longest input, whose first N columns of ``E``/``F`` an
+            N-token input uses (default :data:`DEFAULT_MAX_SEQ_LEN`).
         See :class:`~vitmix.mixers.base.TokenMixer` for the shared arguments (``attn_drop`` applies
         to the ``N × k`` weights).
     """
@@ -76,7 +93,7 @@ class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
     complexity = "linear"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, k: int = 64, sharing: str = "headwise",
-                 seq_len: Optional[int] = None, **kwargs) -> None:
+                 seq_len: Optional[int] = None, max_seq_len: Optional[int] = None, **kwargs) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
         qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -84,20 +101,34 @@ class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
         if sharing not in SHARING:
             raise ValueError(f"linformer sharing={sharing!r} is not one of {', '.join(SHARING)}."
                              + close_matches(str(sharing), SHARING))
-        if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-            raise ValueError(f"seq_len={seq_len!r} must be a positive integer (tokens, prefix included)")
+        _positive_length("seq_len", seq_len)
+        _positive_length("max_seq_len", max_seq_len)
         self.k, self.sharing = k, sharing
-        self._built_len: Optional[int] = None      # N once E/F exist: a plain int that compiled code can read
         self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
-        self.compress_k = UninitializedParameter()
-        self.compress_v = UninitializedParameter() if sharing != "kv" else None
+        told = self._told_length(seq_len, max_seq_len)
+        # plain Python state, so that compiled code reads ints and bools (no tensor checks in forward)
+        self._length = told if told is not None else (max_seq_len or DEFAULT_MAX_SEQ_LEN)
+        self._exact = told is not None                 # built for exactly N (else: for up to _length tokens)
+        self._provisional = told is None               # may still be re-shaped to the grid it is told
+        self.compress_k = nn.Parameter(torch.empty(self._projection_shape(self._length)))
+        self.compress_v = nn.Parameter(torch.empty_like(self.compress_k)) if sharing != "kv" else None
+        if told is not None:
+            self._draw()
+        else:   # usually re-drawn once the grid is known: leave the global RNG where it was, so the
+            with torch.random.fork_rng(devices=[]):   # model's other weights do not depend on this draw
+                self._draw()
+        self._first_values = self._probe()             # to tell an untouched E from a trained or loaded one
+
+    def _told_length(self, seq_len: Optional[int], max_seq_len: Optional[int]) -> Optional[int]:
         grid_len = self._grid_length(self.hw, self.num_prefix_tokens)
         if seq_len is not None and grid_len is not None and seq_len != grid_len:
             raise ValueError(f"seq_len={seq_len} disagrees with hw={self.hw} and num_prefix_tokens="
                              f"{self.num_prefix_tokens} (N={grid_len}); give one of them")
-        if seq_len is not None or grid_len is not None:
-            self._build(seq_len if seq_len is not None else grid_len)
-            self._drop_lazy_hooks()
+        told = seq_len if seq_len is not None else grid_len
+        if told is not None and max_seq_len is not None:
+            raise ValueError(f"linformer: max_seq_len={max_seq_len} is for a layer told no N, but this one is "
+                             f"built for N={told}; drop max_seq_len")
+        return told
 
     @staticmethod
     def _grid_length(hw, prefix) -> Optional[int]:
@@ -105,69 +136,102 @@ class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
 
     @property
     def seq_len(self) -> Optional[int]:
-        """The token count N the projections were built for (``None`` until known).
+        """The token count N the projections are built for (``None`` for a layer told no N)."""
+        return self._length if self._exact else None
 
-        Remembered as a Python int once the projections exist, so a built layer's forward never calls
-        ``is_lazy`` (which torch.compile cannot trace); E/F materialised by ``load_state_dict`` into a
-        lazy layer are picked up at the first call."""
-        if self._built_len is None and not is_lazy(self.compress_k):
-            self._built_len = int(self.compress_k.shape[-1])
-        return self._built_len
+    @property
+    def max_seq_len(self) -> int:
+        """The longest input: ``seq_len`` when built for one N, else ``max_seq_len``."""
+        return self._length
+
+    @property
+    def awaits_grid(self) -> bool:
+        """True until the layer was told its N or loaded (see :attr:`TokenMixer.awaits_grid`)."""
+        return self._provisional
+
+    def _probe(self) -> list:
+        """A few entries of ``E`` (row 0, the first columns, which every input's gradient reaches)."""
+        return self.compress_k.detach().reshape(-1, self.compress_k.shape[-1])[0, :8].tolist()
 
     def _projection_shape(self, n: int):
         return (self.num_heads, self.k, n) if self.sharing == "none" else (self.k, n)
 
+    def _projections(self):
+        return [p for p in (self.compress_k, self.compress_v) if p is not None]
+
     @torch.no_grad()
-    def _build(self, n: int) -> None:
-        """Materialise ``E`` (and ``F``) for ``n`` tokens, or check that they were built for ``n``."""
-        if not is_lazy(self.compress_k):
-            self._check_length(n)
+    def _draw(self) -> None:
+        """``E`` (and ``F``): Xavier-uniform with gain 1/√2 (authors' code), for their current length."""
+        bound = math.sqrt(6.0 / (self.k + self._length)) / math.sqrt(2.0)
+        for p in self._projections():
+            p.uniform_(-bound, bound)
+
+    def _reshape(self, n: int) -> None:
+        """Give ``E``/``F`` ``n`` columns in place (same ``Parameter`` objects, so references held
+        by an optimizer stay valid), uninitialised; exact from now on."""
+        with torch.inference_mode(False), torch.no_grad():   # told under inference_mode: trainable E/F
+            for p in self._projections():
+                p.data = torch.empty(self._projection_shape(n), dtype=p.dtype, device=p.device)
+        self._length, self._exact, self._provisional = n, True, False
+
+    def _fit(self, n: int) -> None:
+        """Told the length ``n``: re-shape a provisional layer to it (and draw E/F), or check it. E/F
+        that changed since construction (trained) are kept: re-drawing them would lose the training."""
+        if self._provisional and self._probe() == self._first_values:
+            self._reshape(n)
+            with torch.inference_mode(False):
+                self._draw()
             return
-        bound = math.sqrt(6.0 / (self.k + n)) / math.sqrt(2.0)     # Xavier-uniform, gain 1/√2 (authors' code)
-        with torch.inference_mode(False), torch.no_grad():   # a first call under inference_mode: trainable E/F
-            for p in (self.compress_k, self.compress_v):
-                if p is not None:
-                    p.materialize(self._projection_shape(n))
-                    p.uniform_(-bound, bound)
-        self._built_len = n
-
-    def _drop_lazy_hooks(self) -> None:
-        """Built outside a forward: remove torch's lazy-module hooks (its first forward would)."""
-        if hasattr(self, "_initialize_hook"):
-            self._initialize_hook.remove()
-            self._load_hook.remove()
-            del self._initialize_hook, self._load_hook
-
-    def _replicate_for_data_parallel(self):
-        if self.has_uninitialized_params():                         # torch's lazy-module error
-            return LazyModuleMixin._replicate_for_data_parallel(self)
-        return torch.nn.Module._replicate_for_data_parallel(self)
+        self._provisional = False
+        self._check_length(n)
 
     def _check_length(self, n: int) -> None:
-        if n != self.seq_len:
+        if self._exact and n != self._length:
             raise ValueError(
-                f"linformer: E/F were built for N={self.seq_len} tokens, got N={n}. Linformer projects a fixed "
+                f"linformer: E/F were built for N={self._length} tokens, got N={n}. Linformer projects a fixed "
                 f"sequence length; build the layer for this input (seq_len={n}, or create the model at this "
                 f"image size)")
+        if n > self._length:
+            raise ValueError(
+                f"linformer: N={n} tokens exceed max_seq_len={self._length} of a layer that was not told its "
+                f"length; pass seq_len={n} (mixers.timm_attn('linformer', seq_len={n})) or call "
+                f"vitmix.mixers.set_token_grid(model, hw=(H, W), num_prefix_tokens=P) before training")
 
     def set_grid(self, hw, num_prefix_tokens=None) -> None:
-        """Fix the grid; with both ``hw`` and ``num_prefix_tokens`` this also builds ``E``/``F``."""
+        """Fix the grid; with both ``hw`` and ``num_prefix_tokens`` this also fits ``E``/``F`` to N."""
         n = self._grid_length(hw, num_prefix_tokens)
         if n is not None:
-            self._build(n)
-            self._drop_lazy_hooks()
+            self._fit(n)
         super().set_grid(hw, num_prefix_tokens)
 
-    def initialize_parameters(self, x, *args, **kwargs) -> None:
-        """torch's lazy-module hook (first forward): build ``E``/``F`` for the input's length."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"{type(self).__name__} expects x of shape (B, N, {self.dim}), got "
-                             f"{tuple(getattr(x, 'shape', ()))}")
-        self._build(x.shape[1])
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
+                hw=None, num_prefix_tokens=None) -> torch.Tensor:
+        # a provisional layer's first call that passes a grid (pyramid stages) fits E/F; compiled code
+        # never re-shapes parameters, and an untold call changes nothing (one graph, no recompilation)
+        if not torch.compiler.is_compiling() and self._provisional and x.dim() == 3:
+            told = self._grid_length(hw if hw is not None else self.hw,
+                                     num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens)
+            if told is not None:
+                self._fit(told)
+        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
 
-    def _compress(self, k: torch.Tensor, v: torch.Tensor):
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Loaded E/F are final: a provisional layer takes their length (saved from a layer built for N)."""
+        saved = state_dict.get(prefix + "compress_k")
+        if saved is not None and self._provisional:
+            if tuple(saved.shape) != tuple(self.compress_k.shape):
+                self._reshape(int(saved.shape[-1]))
+            self._provisional = False
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _e_f(self, n: int):
+        """``E`` and ``F`` for ``n`` tokens: all columns, or the first ``n`` of a ``max_seq_len`` layer."""
         e = self.compress_k
         f = self.compress_v if self.compress_v is not None else e
+        return (e, f) if n == self._length else (e[..., :n], f[..., :n])
+
+    def _compress(self, k: torch.Tensor, v: torch.Tensor):
+        e, f = self._e_f(k.shape[-2])
         return e @ k, f @ v                                          # (B, H, k, d): broadcast over B (and H)
 
     def mix(self, x, grid=None, attn_mask=None, is_causal=False):
@@ -189,9 +253,20 @@ class LinformerAttention(LazyModuleMixin, AttentionProjections, TokenMixer):
         self._check_length(x.shape[1])
         q, k, v = self._qkv(x)
         kp, _ = self._compress(k, v)
-        f = self.compress_v if self.compress_v is not None else self.compress_k
-        return torch.softmax((q @ kp.transpose(-1, -2)) * self.scale, dim=-1) @ f
+        return torch.softmax((q @ kp.transpose(-1, -2)) * self.scale, dim=-1) @ self._e_f(x.shape[1])[1]
+
+    @torch.no_grad()
+    def load_attention(self, state: dict) -> None:
+        """From a softmax layer (``vitmix.convert``): its ``qkv``/``proj`` (:class:`TokenMixer`'s default), and
+        ``E``/``F`` as adaptive average pooling of the tokens into ``k`` rows (windows of consecutive tokens,
+        as Nyströmformer's segment means), so the layer starts as softmax attention over ``k`` mean keys and
+        values (exactly the teacher's when ``k`` equals N)."""
+        super().load_attention(state)
+        n = self.compress_k.shape[-1]
+        pool = F.adaptive_avg_pool1d(torch.eye(n)[None], self.k)[0].T           # (k, N): row j averages segment j
+        for p in self._projections():
+            p.copy_(pool.expand_as(p))
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, num_heads={self.num_heads}, k={self.k}, sharing={self.sharing!r}, "
-                f"seq_len={self.seq_len}")
+        length = f"seq_len={self._length}" if self._exact else f"max_seq_len={self._length}"
+        return f"dim={self.dim}, num_heads={self.num_heads}, k={self.k}, sharing={self.sharing!r}, {length}"

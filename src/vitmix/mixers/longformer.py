@@ -35,7 +35,7 @@ from torch import nn
 
 from ..ops.fibonacci import interaction_counts
 from ..ops.sparse_diagonal import BACKENDS, masked_diagonal_attention, sparse_diagonal_attention
-from .base import AttentionProjections, TokenMixer, close_matches
+from .base import TIMM_DEFAULT_PREFIX, AttentionProjections, TokenMixer, close_matches
 from ._cache import diagonal_pattern
 from .registry import register_mixer
 
@@ -52,8 +52,11 @@ def window_offsets(radius: int, dilation: int, num_tokens: int) -> Tuple[int, ..
 
 def prefix_only_grid(mixer: TokenMixer, n_tokens: int, hw, num_prefix_tokens):
     """``(hw, prefix)`` for a mixer that needs only the prefix count: with a prefix count and no
-    grid (per call or on the mixer), the patch tokens are taken as one row, so any length works."""
+    grid (per call or on the mixer), the patch tokens are taken as one row, so any length works. Told
+    nothing, timm's default of one CLS token is the prefix (never a count guessed from N)."""
     prefix = num_prefix_tokens if num_prefix_tokens is not None else mixer.num_prefix_tokens
+    if prefix is None and hw is None and mixer.hw is None:
+        prefix = TIMM_DEFAULT_PREFIX
     if hw is None and mixer.hw is None and prefix is not None:
         if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
             raise ValueError(f"num_prefix_tokens must be a non-negative int, got {prefix!r}")

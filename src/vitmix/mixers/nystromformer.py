@@ -66,6 +66,7 @@ class NystromformerAttention(AttentionProjections, TokenMixer):
     """
 
     complexity = "linear"
+    additive_terms = ("conv",)   # the depthwise conv of V: zero when converted from softmax (vitmix.convert)
 
     def __init__(self, dim: int, num_heads: int = 8, *args, num_landmarks: int = 49, pinv_iters: int = 6,
                  conv_kernel: Optional[int] = 33, **kwargs) -> None:

@@ -98,9 +98,10 @@ def timm_attn(name: str, **options) -> Type[TokenMixer]:
     def __init__(self, dim, num_heads=8, **kwargs):
         cls.__init__(self, dim, num_heads, **{**kwargs, **bound})
 
-    suffix = "".join(f"_{k}{v}" for k, v in sorted(bound.items()))
-    return type(f"{cls.__name__}{suffix}", (cls,), {"__init__": __init__, "bound_options": bound,
-                                                   "__module__": cls.__module__})
+    # the mixer's own name: its errors start with it (``LaplacianAttention: newton_iters=0 ...``), not
+    # with an internal one made of the options; those stay readable in ``bound_options``
+    return type(cls.__name__, (cls,), {"__init__": __init__, "bound_options": bound,
+                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
 
 
 __all__ = ["register_mixer", "list_mixers", "get_mixer_class", "create", "timm_attn"]

@@ -142,6 +142,7 @@ class SoftAttention(TokenMixer):
     spatial = True
     rejects_non_finite = True
     complexity = "linear"
+    additive_terms = ("conv",)   # the local filter on V: zero when converted from softmax
     normalization: Optional[str] = None
     #: option values of each ``preset`` (every preset names the same options)
     presets = {
@@ -225,6 +226,23 @@ class SoftAttention(TokenMixer):
     def stage_options(cls, stage: int, stride: int, newton_iters: int) -> dict:
         """Per-stage options in the pyramid backbones (official stride 8 / 4 / 2, conv 9 / 5 / 3)."""
         return dict(landmark_stride=stride, conv_kernel=cls.stage_conv_kernels[stage], newton_iters=newton_iters)
+
+    @torch.no_grad()
+    def load_attention(self, state: dict) -> None:
+        """From a softmax layer (``vitmix.convert``): ``W_q`` and ``W_v`` take its query and value rows of
+        ``qkv``, ``ff`` its ``proj``; its key rows have no place (SOFT's keys are its queries). The landmark
+        conv starts as ``s×s`` average pooling (then the LayerNorm + GELU, which have no neutral setting),
+        the local filter at zero."""
+        c = self.dim
+        weights = {"ff." + key[len("proj."):]: value for key, value in state.items() if key.startswith("proj.")}
+        for layer, rows in (("W_q", slice(0, c)), ("W_v", slice(2 * c, 3 * c))):
+            weights.update({f"{layer}.{p}": state[f"qkv.{p}"][rows] for p in ("weight", "bias") if f"qkv.{p}" in state})
+        self._take_weights(weights)
+        if self.landmarks == "conv":
+            d, s = self.head_dim, self.landmark_stride
+            pool = torch.eye(d).view(d, d, 1, 1).expand(d, d, s, s) / (s * s)
+            self.Qlandmark_op.weight.copy_(pool)
+        self._zero_additive_terms()
 
     def extra_repr(self) -> str:
         m = f"landmark_stride={self.landmark_stride}, num_landmarks={self.landmark_hw!r}"

@@ -1,6 +1,7 @@
 """``vitmix.create_model``: ``timm.create_model`` that also understands ``mixer=``."""
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Optional
 
@@ -22,11 +23,15 @@ def _entrypoint(name: str):
     return timm.models.model_entrypoint(base)
 
 
+def _timm_vit_names() -> list:
+    """timm's isotropic ViT/DeiT families: ``VisionTransformer``s that take any mixer as ``attn_layer``."""
+    return timm.list_models(["vit_*", "deit_*"], exclude_filters=["*_clip_*", "*siglip*", "*_sam_*"])
+
+
 def list_models(pattern: str = "") -> list:
     """vitmix models plus timm's isotropic ViT/DeiT families (which accept any mixer)."""
     ours = [m for m in timm.list_models() if is_vitmix_model(m)]
-    theirs = timm.list_models(["vit_*", "deit_*"], exclude_filters=["*_clip_*", "*siglip*", "*_sam_*"])
-    names = sorted(set(ours) | set(theirs))
+    names = sorted(set(ours) | set(_timm_vit_names()))
     return [n for n in names if pattern in n]
 
 
@@ -40,8 +45,45 @@ def is_vitmix_model(name: str) -> bool:
 
 
 def _takes_mixer(fn) -> bool:
-    """vitmix model functions with their own mixer handling declare ``mixer`` explicitly or pass it on."""
-    return fn.__module__.startswith("vitmix.")
+    """vitmix model functions with their own mixer handling declare ``mixer`` explicitly or pass it on;
+    timm's ViT entry points take it once :func:`let_timm_vits_take_mixers` has wrapped them."""
+    return fn.__module__.startswith("vitmix.") or getattr(fn, "takes_vitmix_mixer", False)
+
+
+def _with_mixer_kwargs(fn):
+    """timm's ViT entry point ``fn``, also taking ``mixer=`` / ``mixer_options=``: they become its
+    ``attn_layer`` and the model gets what :func:`create_model` gives it (token grid, layer numbers).
+    Unlike a mixer class, the two are JSON, so the config timm saves (``save_for_hf``) rebuilds the
+    model: ``timm.create_model("local-dir:DIR" | "hf-hub:REPO", pretrained=True)``."""
+
+    @functools.wraps(fn)
+    def entrypoint(pretrained: bool = False, *, mixer: Optional[str] = None, mixer_options: Optional[dict] = None,
+                   **kwargs):
+        if mixer is None and not mixer_options:
+            return fn(pretrained=pretrained, **kwargs)
+        if "attn_layer" not in inspect.signature(timm.models.VisionTransformer.__init__).parameters:
+            raise ValueError("this timm version has no VisionTransformer(attn_layer=...); install timm>=1.0.24")
+        if kwargs.get("attn_layer") is not None:
+            raise ValueError(f"{fn.__name__}: give mixer= or attn_layer=, not both")
+        kwargs["attn_layer"] = mixer_attn_layer(mixer, mixer_options)
+        model = fn(pretrained=pretrained, **kwargs)
+        _finish(model, fn.__name__, kwargs)
+        return model
+
+    entrypoint.takes_vitmix_mixer = True
+    return entrypoint
+
+
+def let_timm_vits_take_mixers() -> None:
+    """Wrap timm's ViT/DeiT entry points (in timm's registry, same names) with :func:`_with_mixer_kwargs`;
+    without ``mixer=`` they are called unchanged. Called once when vitmix's models are registered."""
+    registry = getattr(timm.models._registry, "_model_entrypoints", None)
+    if not isinstance(registry, dict):      # another timm layout: mixers go in through attn_layer only
+        return
+    for name in _timm_vit_names():
+        fn = registry.get(name)
+        if fn is not None and not _takes_mixer(fn):
+            registry[name] = _with_mixer_kwargs(fn)
 
 
 def create_model(name: str, pretrained: bool = False, *, mixer: Optional[str] = None,
@@ -54,7 +96,7 @@ def create_model(name: str, pretrained: bool = False, *, mixer: Optional[str] = 
     the mixers so non-square inputs work; pass ``dynamic_img_size=True`` to infer it per call.
     """
     fn = _entrypoint(name)
-    if _takes_mixer(fn):
+    if _takes_mixer(fn):    # by name, so that timm records JSON model args (save_for_hf / local-dir: rebuild it)
         if mixer is not None:
             kwargs["mixer"] = mixer
         if mixer_options:
@@ -67,17 +109,24 @@ def create_model(name: str, pretrained: bool = False, *, mixer: Optional[str] = 
         model = timm.create_model(name, pretrained=pretrained, **kwargs)
     except TypeError as err:  # an option the architecture does not take
         raise ValueError(f"cannot build {name!r}: {err}") from None
-    _check_patch_grid(model, name)
-    _number_layers(model)
-    _materialize_lazy(model, kwargs)
+    _finish(model, name, kwargs)
     return model
 
 
+def _finish(model: nn.Module, name: str, kwargs: dict) -> None:
+    """What every vitmix-built model gets after timm builds it (each step is idempotent)."""
+    _check_patch_grid(model, name)
+    _number_layers(model)
+    _materialize_lazy(model, kwargs)
+
+
 def _materialize_lazy(model: nn.Module, kwargs: dict) -> None:
-    """Give lazy parameters (e.g. Linformer's E/F inside a pyramid, whose stages learn their grid in
-    the first forward) their shapes with one forward at the model's input size, so the model can be
-    counted, saved and handed to an optimizer straight away."""
-    if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in model.parameters()):
+    """Settle parameters that wait for the token grid (``TokenMixer.awaits_grid``: Linformer's E/F
+    inside a pyramid, whose stages pass their grid only in a forward) — and any torch lazy ones —
+    with one forward at the model's input size, so the model is counted, saved and handed to an
+    optimizer with its final shapes."""
+    waiting = any(getattr(m, "awaits_grid", False) for m in model.modules() if isinstance(m, TokenMixer))
+    if not waiting and not any(isinstance(p, nn.parameter.UninitializedParameter) for p in model.parameters()):
         return
     size = kwargs.get("img_size") or model.pretrained_cfg.get("input_size", (3, 224, 224))[-2:]
     size = (size, size) if isinstance(size, int) else tuple(size)
@@ -115,3 +164,6 @@ def _check_patch_grid(model: nn.Module, name: str) -> None:
         )
     if not getattr(vit, "binds_own_token_grid", False):   # video models: a grid in space, another in time
         bind_token_grid(model)  # the real (non-square) grid: fixed, or per call with dynamic_img_size
+
+
+let_timm_vits_take_mixers()   # on import: timm.create_model("deit_*", mixer=...), and configs saved from such models

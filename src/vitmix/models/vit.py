@@ -45,8 +45,8 @@ def bind_token_grid(model: nn.Module) -> nn.Module:
 
     Fixed-size models get ``patch_embed.grid_size`` once; ``dynamic_img_size=True`` models get a
     forward hook on the patch embedding that sets the grid of each call (in ``forward`` and
-    ``forward_intermediates`` alike). Without this a mixer infers a *square* grid after up to 16
-    prefix tokens, which can silently match a wrong layout (8×12 + CLS = 97 = 16 + 9×9).
+    ``forward_intermediates`` alike). Without this a mixer infers only a square grid after one CLS
+    token, and raises for any other layout (8×12 + CLS = 97 tokens).
     Models without a ``patch_embed.grid_size`` are returned unchanged.
     """
     vit = getattr(model, "model", model)  # FeatureGetterNet keeps the wrapped model as .model

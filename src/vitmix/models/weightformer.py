@@ -160,6 +160,16 @@ class DynamicLinear(nn.Module):
                 f"odd_pool={self.odd_pool!r}, path={self.path!r}")
 
 
+def _adaptive_avg_pool_by_slices(x: Tensor, k: int) -> Tensor:
+    """``F.adaptive_avg_pool2d(x, k)`` as ``k²`` window means (the same windows): for ``torch.jit.trace``,
+    whose ONNX exporter pools only to sizes that divide the input."""
+    def windows(n: int):
+        return [((i * n) // k, -((-(i + 1) * n) // k)) for i in range(k)]   # floor(i·n/k), ceil((i+1)·n/k)
+    rows, cols = windows(int(x.shape[-2])), windows(int(x.shape[-1]))
+    means = [x[..., a:b, c:d].mean((-2, -1)) for a, b in rows for c, d in cols]
+    return torch.stack(means, dim=-1).unflatten(-1, (k, k))
+
+
 class DynamicDepthwiseConv(nn.Module):
     """Depthwise k×k convolution whose kernels are predicted per sample ("spatially adaptive").
 
@@ -192,7 +202,8 @@ class DynamicDepthwiseConv(nn.Module):
     def predict_kernels(self, x: Tensor) -> Tensor:
         """The per-sample kernels ``W0 + normalised ΔK`` of shape ``(B, C, k, k)``."""
         k, C = self.kernel_size, self.dim
-        pooled = F.adaptive_avg_pool2d(x, k).flatten(2).transpose(1, 2)  # B, k·k, C
+        pool = _adaptive_avg_pool_by_slices if torch.jit.is_tracing() else F.adaptive_avg_pool2d
+        pooled = pool(x, k).flatten(2).transpose(1, 2)  # B, k·k, C
         # the 1×1 convs as linears over the k·k pooled regions: same math, one GEMM each instead
         # of a convolution on a 3×3 image (which is slow on CPU)
         conv1, act, conv2 = self.predictor

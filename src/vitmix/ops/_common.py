@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator
 
 import torch
@@ -41,6 +42,27 @@ def traced() -> bool:
     cannot see inside a custom op but do see the functions' own PyTorch calls.
     """
     return torch.compiler.is_compiling()
+
+
+def exporting_to_onnx() -> bool:
+    """True while ``torch.onnx.export`` traces the code, with either exporter: the dynamo exporter's
+    ``torch.export`` capture or the TorchScript exporter's ``torch.jit`` trace (timm's ``onnx_export``).
+
+    The ops then run their export decompositions (:mod:`vitmix.ops.decompositions`) inline: plain
+    PyTorch that both exporters translate to ONNX operators, where a ``vitmix::*`` custom op has no ONNX
+    translation and a C kernel cannot be traced at all. Eager calls pay two cheap checks, and nothing
+    when ``torch.onnx`` was never imported.
+    """
+    if not (torch.jit.is_tracing() or torch.compiler.is_compiling()):
+        return False
+    if "torch.onnx" not in sys.modules:
+        return False
+    if torch.compiler.is_dynamo_compiling():
+        # torch.onnx's fallback capture, torch.export(strict=True): dynamo folds is_in_onnx_export() to
+        # False, so read the flag that torch.onnx.export sets (private; absent means "not exporting")
+        flags = sys.modules.get("torch.onnx._internal.exporter._flags")
+        return bool(getattr(flags, "_is_onnx_exporting", False))
+    return sys.modules["torch.onnx"].is_in_onnx_export()
 
 
 @contextlib.contextmanager

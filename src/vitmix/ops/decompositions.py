@@ -18,6 +18,13 @@ op                                        decomposition
 
 Each equals the op up to float rounding (tests compare them). Inference only: the ``*_backward`` ops
 are not decomposed. ``newton_schulz_inverse(mode="exact")`` has no fixed form (``ValueError``).
+
+``torch.onnx.export`` needs no table: while either ONNX exporter traces a model
+(:func:`vitmix.ops._common.exporting_to_onnx`), the ops run these decompositions inline instead of
+the custom ops, so ``torch.onnx.export(model, ..., dynamo=True)`` and timm's ``onnx_export`` (the
+TorchScript exporter) see only standard operators. For the TorchScript exporter, importing
+:mod:`vitmix.ops` also registers a translation of ``Tensor.mT`` (which it lacks; the ops and
+mixers use it), once ``torch.onnx`` is imported.
 """
 from __future__ import annotations
 
@@ -25,9 +32,10 @@ from typing import Callable, Dict
 
 import torch
 
+from .._lazy import call_after_import
 from . import dynamic, kernels, newton, sparse_diagonal
 
-__all__ = ["export_decompositions"]
+__all__ = ["export_decompositions", "register_torchscript_onnx_symbolics"]
 
 
 def export_decompositions() -> Dict[torch._ops.OpOverload, Callable]:
@@ -40,3 +48,22 @@ def export_decompositions() -> Dict[torch._ops.OpOverload, Callable]:
         ops.sparse_diagonal_attention.default: sparse_diagonal._diagonal_decomposition,
         ops.dynamic_depthwise_conv2d.default: dynamic.dynamic_depthwise_conv2d_taps,
     }
+
+
+def _matrix_transpose_symbolic(g, x):
+    """ONNX ``Transpose`` of the last two dimensions: the TorchScript exporter's missing ``aten::mT``."""
+    rank = x.type().dim()
+    if rank is None or rank < 2:
+        raise ValueError(f"Tensor.mT needs a tensor of known rank >= 2 in the ONNX export, got rank {rank}")
+    perm = list(range(rank))
+    perm[-2:] = perm[-1], perm[-2]
+    return g.op("Transpose", x, perm_i=perm)
+
+
+def register_torchscript_onnx_symbolics() -> None:
+    """Teach torch's TorchScript ONNX exporter (``torch.onnx.export(..., dynamo=False)``, timm's
+    ``onnx_export``) ``Tensor.mT``, which it lacks; called once ``torch.onnx`` is imported."""
+    torch.onnx.register_custom_op_symbolic("aten::mT", _matrix_transpose_symbolic, 7)
+
+
+call_after_import("torch.onnx", register_torchscript_onnx_symbolics)

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import no_autocast, traced
+from ._common import exporting_to_onnx, no_autocast, traced
 
 __all__ = [
     "DYNAMIC_LINEAR_PATHS",
@@ -315,6 +315,8 @@ def dynamic_depthwise_conv2d(x: Tensor, kernels: Tensor, bias: Optional[Tensor] 
     ``group`` count that does not depend on the (dynamic) batch size.
     """
     _check_dw_args(x, kernels, bias)
+    if exporting_to_onnx():             # ONNX's Conv cannot take a batch-sized group count
+        return dynamic_depthwise_conv2d_taps(x, kernels, bias)
     return _dw_op(x, kernels, bias) if traced() else _dw_forward(x, kernels, bias)
 
 

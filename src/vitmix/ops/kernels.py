@@ -35,7 +35,9 @@ from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _l1
-from ._common import check_finite_float, compute_dtype, no_autocast, single_thread_if_small, traced
+from ._common import (
+    check_finite_float, compute_dtype, exporting_to_onnx, no_autocast, single_thread_if_small, traced,
+)
 from ._triton import check_backend, wants_triton
 
 __all__ = ["gaussian_kernel", "gaussian_kernel_reference", "laplacian_kernel", "laplacian_kernel_reference"]
@@ -110,10 +112,13 @@ def _broadcast(x: torch.Tensor, y: torch.Tensor):
     return x.expand(*batch, *x.shape[-2:]), y.expand(*batch, *y.shape[-2:])
 
 
-def _pair_kernel(name: str, kind: str, x, y, lam: float, backend: str, eager_fn, op_fn):
+def _pair_kernel(name: str, kind: str, x, y, lam: float, backend: str, eager_fn, op_fn, decomposition):
     """The dispatch both kernel functions share: the custom op while traced (it chooses the back end when
-    the compiled code runs), the Triton ``autograd.Function`` on raw (half too) inputs, else ``eager_fn``."""
+    the compiled code runs), the Triton ``autograd.Function`` on raw (half too) inputs, else ``eager_fn``;
+    while an ONNX export traces, the op's export ``decomposition`` (same arguments as ``op_fn``)."""
     with no_autocast(x.device.type):
+        if exporting_to_onnx():
+            return decomposition(*_prepare(x, y), backend)
         if traced():
             return op_fn(*_prepare(x, y), backend)
         if _use_triton(name, x, y, backend):
@@ -223,7 +228,8 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor, backend: str = "auto") -> 
     """
     _check_pair("gaussian_kernel", x, y)
     check_backend("gaussian_kernel", backend)
-    return _pair_kernel("gaussian_kernel", "gaussian", x, y, 1.0, backend, _GaussianKernel.apply, _gaussian_op)
+    return _pair_kernel("gaussian_kernel", "gaussian", x, y, 1.0, backend, _GaussianKernel.apply, _gaussian_op,
+                        _gaussian_decomposition)
 
 
 def gaussian_kernel_reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -339,7 +345,8 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float = 4.0, backend
     check_backend("laplacian_kernel", backend)
     return _pair_kernel("laplacian_kernel", "laplacian", x, y, lam_f, backend,
                         lambda a, b: _LaplacianKernel.apply(a, b, lam_f),
-                        lambda a, b, be: _laplacian_op(a, b, lam_f, be))
+                        lambda a, b, be: _laplacian_op(a, b, lam_f, be),
+                        lambda a, b, be: _laplacian_decomposition(a, b, lam_f, be))
 
 
 def laplacian_kernel_reference(x: torch.Tensor, y: torch.Tensor, lam: float = 4.0) -> torch.Tensor:

@@ -63,7 +63,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ._cbuild import CKernel
 from ._common import (
-    check_finite_float, compute_dtype, cpu_single_thread, no_autocast, single_thread_if_small, traced,
+    check_finite_float, compute_dtype, cpu_single_thread, exporting_to_onnx, no_autocast, single_thread_if_small,
+    traced,
 )
 from ._triton import check_backend, wants_triton
 
@@ -119,7 +120,8 @@ def _norms(P: torch.Tensor):
 def _symmetric_mask(A: torch.Tensor, symmetric: Optional[bool]) -> torch.Tensor:
     if symmetric is None:
         return _is_symmetric(A)
-    return torch.full(A.shape[:-2], bool(symmetric), dtype=torch.bool, device=A.device)
+    fill = torch.ones if symmetric else torch.zeros    # not torch.full(..., True): torch.jit.trace cannot
+    return fill(A.shape[:-2], dtype=torch.bool, device=A.device)
 
 
 def _start(A: torch.Tensor, P: torch.Tensor, symmetric: Optional[bool], alpha: str):
@@ -359,6 +361,16 @@ def _newton_op_grad(ctx, g):
 _newton_op.register_autograd(_newton_op_grad, setup_context=_save_result)
 
 
+def _newton_route(symmetric: Optional[bool], alpha: str):
+    """The decomposition while an ONNX export traces, the custom op while traced, else the eager function."""
+    if exporting_to_onnx():
+        if alpha == "safe" and symmetric is not True:
+            raise ValueError("newton_alpha='safe' on untied landmarks picks its start with a Cholesky test, which "
+                             "ONNX lacks; build the model with newton_alpha='transpose' or 'official' to export it")
+        return _newton_decomposition
+    return _newton_op if traced() else _NewtonInverse.apply
+
+
 def newton_schulz_inverse(
     A: torch.Tensor,
     iters: int = 20,
@@ -395,7 +407,7 @@ def newton_schulz_inverse(
     check_backend("newton_schulz_inverse", backend)
     with no_autocast(A.device.type):
         Af = A.to(compute_dtype(A))
-        V = (_newton_op if traced() else _NewtonInverse.apply)(Af, iters, eps_f, symmetric, alpha, mode, backend)
+        V = _newton_route(symmetric, alpha)(Af, iters, eps_f, symmetric, alpha, mode, backend)
         if return_residual:
             with torch.no_grad():
                 return V, _residual(_perturb(Af.detach(), eps_f), V.detach())

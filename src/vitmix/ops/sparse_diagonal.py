@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ._cbuild import CKernel
-from ._common import real_tensors, traced
+from ._common import exporting_to_onnx, real_tensors, traced
 from ._triton import wants_triton
 from .fibonacci import check_offsets, offsets_mask
 
@@ -483,7 +483,8 @@ def _diagonal_decomposition(q, k, v, offsets, offset_counts, num_prefix_tokens, 
     pad, slots = _torch_prepare(plan, n)
     qp = q[:, :, p:]
     kpad, vpad = _pad_rows(k[:, :, p:], pad), _pad_rows(v[:, :, p:], pad)
-    scores = [(torch.linalg.vecdot(qp, kpad.index_select(1, rows).view(b, h, n, d)) * scale).masked_fill(~valid, -inf)
+    # a product and a sum, not linalg.vecdot: the TorchScript ONNX exporter has no vecdot
+    scores = [((qp * kpad.index_select(1, rows).view(b, h, n, d)).sum(-1) * scale).masked_fill(~valid, -inf)
               for rows, valid in slots]
     s = torch.stack(scores, dim=-1)
     if p:
@@ -550,11 +551,13 @@ def sparse_diagonal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     p = num_prefix_tokens
     scale = _resolve_scale(scale, q.shape[-1])
     dtype = _compute_dtype(q)
-    if traced():
+    onnx = exporting_to_onnx()
+    if traced() or onnx:
         if backend == "c" and q.device.type != "cpu":
             raise ValueError(_C_ON_CPU_ONLY)
         flat, counts = _flatten_offsets(_traced_offsets(offsets, q, p))
-        return _diagonal_op(q.to(dtype), k.to(dtype), v.to(dtype), flat, counts, p, scale, backend)[0].to(q.dtype)
+        op = _diagonal_decomposition if onnx else _diagonal_op      # ONNX has no translation of the custom op
+        return op(q.to(dtype), k.to(dtype), v.to(dtype), flat, counts, p, scale, backend)[0].to(q.dtype)
     plan = _plan_for(offsets, q, p)
     engine = _engine(q, k, v, backend)
     # the Triton kernels read half precision as is (computing in float32): no upcast copies

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 
+from ..configs import resolve_config
 from .config import TrainConfig, load_yaml, parse_key_values
 
 _HELP = {
@@ -59,6 +61,8 @@ def add_parser(sub) -> None:
     e.add_argument("--batch-size", type=int, default=128)
     e.add_argument("--device")
     e.add_argument("--amp", action="store_true", help="bf16 autocast")
+    e.add_argument("--results-file", metavar="PATH", help="also write the result as JSON to PATH (as timm's "
+                                                           "validate.py does)")
     e.add_argument("--corruptions", metavar="all|NAME,NAME",
                    help="also evaluate under these corruptions (names and parameters: docs/robustness.md)")
     e.add_argument("--severities", metavar="1,2,3", help="corruption severities, 1..5 (default: 1,2,3,4,5)")
@@ -71,19 +75,21 @@ def add_parser(sub) -> None:
 def add_config_flags(p: argparse.ArgumentParser, exclude=()) -> None:
     """``--config`` plus one flag per :class:`TrainConfig` field (not those in ``exclude``), and the
     repeatable ``-M``/``--model-option`` KEY=VALUE options; read back with :func:`config_from_args`."""
-    p.add_argument("--config", help="YAML file of config values; flags given on the command line override it")
+    p.add_argument("--config", "-c", help="YAML file of config values, or the name of a shipped recipe (digits, "
+                                          "fashion-mnist, ...); flags given on the command line override it")
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         if f.name in ("mixer_options", "model_options") or f.name in exclude:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
+        aliases = TIMM_ALIASES.get(f.name, ())
         if isinstance(default, bool):
             if default:   # on by default: the flag turns it off
-                p.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", default=None,
+                p.add_argument("--no-" + flag[2:], *aliases, dest=f.name, action="store_false", default=None,
                                help=_HELP.get(f.name))
             else:
-                p.add_argument(flag, action="store_true", default=None, help=_HELP.get(f.name))
+                p.add_argument(flag, *aliases, action="store_true", default=None, help=_HELP.get(f.name))
             continue
         kind = {int: int, float: float}.get(type(default), str)
         if f.name in ("img_size", "num_frames", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset",
@@ -91,12 +97,84 @@ def add_config_flags(p: argparse.ArgumentParser, exclude=()) -> None:
             kind = int
         if f.name in ("clip_grad", "ema_decay"):
             kind = float
-        p.add_argument(flag, type=kind, default=None, metavar=f.name.upper(),
+        p.add_argument(flag, *aliases, type=kind, default=None, metavar=f.name.upper(),
                        help=f"{_HELP.get(f.name, f.name.replace('_', ' '))} (default: {default})")
     p.add_argument("--mixer-option", "-M", action="append", metavar="KEY=VALUE",
                    help="mixer option, repeatable (e.g. -M num_landmarks=16)")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="model constructor option, repeatable (e.g. --model-option depth=4)")
+    add_timm_flags(p, exclude)
+
+
+#: timm ``train.py`` names that mean exactly what a vitmix flag means: extra names of that flag.
+TIMM_ALIASES = {"batch_size": ("-b",), "workers": ("-j",), "accum_steps": ("--grad-accum-steps",),
+                "ema_decay": ("--model-ema-decay",), "keep_top_k": ("--checkpoint-hist",),
+                "download": ("--dataset-download",), "augment": ("--no-aug",)}
+#: timm's EMA decay when ``--model-ema`` is given without ``--model-ema-decay``
+TIMM_EMA_DECAY = 0.9998
+#: timm ``train.py`` flags whose meaning differs from anything in vitmix: refused with what to use.
+_OUT_HINT = ("timm's --output/--experiment make a folder per run under a parent; vitmix's --out is the run "
+             "directory itself: use --out OUTPUT/EXPERIMENT")
+_LR_BASE_HINT = ("timm derives the LR from --lr-base x batch / --lr-base-size (square root for Adam-type "
+                 "optimizers); vitmix takes the LR itself: --lr LR, or --lr LR --lr-base-batch N for LR x "
+                 "global batch / N")
+TIMM_DIFFERENT = {
+    "--output": _OUT_HINT, "--experiment": _OUT_HINT,
+    "--lr-base": _LR_BASE_HINT, "--lr-base-size": _LR_BASE_HINT, "--lr-base-scale": _LR_BASE_HINT,
+    "--drop": "timm's dropout rate has no vitmix flag: give it to the model with --model-option drop_rate=P "
+              "(--drop-path is stochastic depth, as in timm)",
+    "--warmup-lr": "vitmix's warm-up starts at --lr / 100 and is not settable; its length is --warmup-epochs",
+}
+
+
+class _Refused(argparse.Action):
+    """A timm flag that vitmix does not take under that name: the parse stops with ``hint``."""
+
+    def __init__(self, option_strings, dest, hint: str = "", **kwargs) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+        self.hint = hint
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: {self.hint}")
+
+
+class _TorchCompile(argparse.Action):
+    """timm's ``--torchcompile [BACKEND]``: vitmix's ``--compile``, which uses inductor."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values not in (None, "inductor"):
+            parser.error(f"{option_string} {values}: vitmix compiles with the inductor backend only; use --compile")
+        namespace.compile = True
+
+
+def timm_dataset(name: str) -> str:
+    """timm's ``--dataset`` as vitmix's ``--data``: ``torch/cifar10`` → ``cifar10``, ``torch/fashion_mnist``
+    → ``fashion-mnist``, ``folder``/``image_folder`` (or empty: timm's default) → ``imagefolder``;
+    vitmix's own names pass through."""
+    base = name.lower().removeprefix("torch/")
+    if base in ("", "folder", "image_folder", "imagefolder"):
+        return "imagefolder"
+    return base.replace("_", "-")
+
+
+def add_timm_flags(p: argparse.ArgumentParser, exclude=()) -> None:
+    """The timm ``train.py`` flags that need more than a second name (README: "timm's flag names"),
+    and the refused ones."""
+    timm = p.add_argument_group("timm train.py names", "also accepted, with timm's meaning (see README)")
+    if "data" not in exclude:
+        timm.add_argument("--dataset", "-d", dest="data", type=timm_dataset, metavar="NAME",
+                          help="timm's dataset name for --data: torch/cifar10, torch/fashion_mnist, folder, ...")
+    if "compile" not in exclude:
+        timm.add_argument("--torchcompile", dest="compile", nargs="?", action=_TorchCompile, default=None,
+                          metavar="inductor", help="--compile")
+    if "ema_decay" not in exclude:
+        timm.add_argument("--model-ema", action="store_true", default=None,
+                          help=f"keep an EMA of the weights: --ema-decay {TIMM_EMA_DECAY} unless a decay is given")
+    timm.add_argument("--model-kwargs", dest="model_option", nargs="+", action="extend", metavar="KEY=VALUE",
+                      help="--model-option KEY=VALUE, several at once")
+    for flag, hint in TIMM_DIFFERENT.items():
+        p.add_argument(flag, action=_Refused, hint=hint)
 
 
 def config_from_args(args: argparse.Namespace, config_cls=TrainConfig):
@@ -108,7 +186,7 @@ def config_from_args(args: argparse.Namespace, config_cls=TrainConfig):
     resume, out = getattr(args, "resume", None), getattr(args, "out", None)
     saved = Path(out or "", "config.yaml")
     values = load_yaml(saved) if resume and out and saved.is_file() else {}
-    values.update(load_yaml(args.config) if args.config else {})
+    values.update(load_yaml(resolve_config(args.config)) if args.config else {})
     for name in config_cls.field_names():
         value = getattr(args, name, None)
         if value is not None:
@@ -117,6 +195,8 @@ def config_from_args(args: argparse.Namespace, config_cls=TrainConfig):
         values["mixer_options"] = {**values.get("mixer_options", {}), **parse_key_values(args.mixer_option)}
     if args.model_option:
         values["model_options"] = {**values.get("model_options", {}), **parse_key_values(args.model_option)}
+    if getattr(args, "model_ema", None) and values.get("ema_decay") is None:
+        values["ema_decay"] = TIMM_EMA_DECAY
     for name in ("clip_grad", "ema_decay"):
         if values.get(name) == 0:
             values[name] = None
@@ -135,14 +215,33 @@ def run_eval(args) -> int:
 
     checkpoint = _eval_checkpoint(args)
     if args.corruptions is not None:
+        if args.results_file is not None:
+            raise ValueError("--results-file is for the plain evaluation; with --corruptions the results go to "
+                             "corruptions.json in --out")
         return _run_corruptions(args, checkpoint)
     given = [flag for flag in ("severities", "seed", "out") if getattr(args, flag) is not None]
     if given:
         raise ValueError(f"--{given[0]} sets up the corruption report: add --corruptions all (or names)")
+    results_file = _results_file(args.results_file)
     r = evaluate_checkpoint(checkpoint, args.data, args.data_dir, args.batch_size, args.device, args.amp)
-    print(f"{r['model']} (mixer={r['mixer'] or 'default'}) on {r['data']}: val acc {r['val_acc']:.2f}% "
+    top5 = f", top-5 {r['val_acc_top5']:.2f}%" if "val_acc_top5" in r else ""
+    print(f"{r['model']} (mixer={r['mixer'] or 'default'}) on {r['data']}: val acc {r['val_acc']:.2f}%{top5} "
           f"({r['val_images']} images), val loss {r['val_loss']:.4f}  [{r['checkpoint']}]")
+    if results_file is not None:
+        results_file.write_text(json.dumps(r, indent=2) + "\n")
     return 0
+
+
+def _results_file(path):
+    """``--results-file``, checked before any work: a file in an existing folder."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--results-file {path} is a directory; give a file name such as {path / 'results.json'}")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"--results-file {path}: the folder {path.parent} does not exist")
+    return path
 
 
 def _eval_checkpoint(args) -> str:

@@ -1,11 +1,18 @@
-"""torchrun support: process-group set-up from the environment (nccl on CUDA, gloo on CPU)."""
+"""torchrun support: process-group set-up from the environment (nccl on CUDA, gloo on CPU), and
+drop path keyed to the sample so that it does not depend on the world size."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from timm.layers import DropPath
+from torch import nn
+
+from ..data.sampling import sample_uniform
 
 
 @dataclass
@@ -68,3 +75,57 @@ def all_reduce_sum(values, info: DistInfo):
 def cleanup(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class SampleKeys:
+    """Which images the current micro-batch holds (``(seed, epoch, indices)``) and how many drop-path
+    calls its forward pass has made: drop-path call ``k`` keeps image ``i`` iff
+    ``sample_uniform(seed, epoch, 1 + k, i) < keep_prob``, whatever the rank or batch position."""
+
+    def __init__(self, seed: int):
+        self.seed, self.epoch, self.indices, self.calls = seed, 0, None, 0
+
+    def start(self, epoch: int, indices) -> None:
+        """Called before each micro-batch's forward with the sample indices of its rows."""
+        self.epoch, self.indices, self.calls = epoch, np.asarray(indices, dtype=np.int64), 0
+
+    @torch.compiler.disable        # host-side NumPy hashing: kept out of torch.compile's graphs
+    def keep_mask(self, x: torch.Tensor, keep_prob: float, scale: bool) -> torch.Tensor:
+        if len(self.indices) != x.shape[0]:
+            raise RuntimeError(f"drop path got a batch of {x.shape[0]} rows for {len(self.indices)} sample "
+                               "indices; a model that folds other axes into the batch axis cannot key drop path")
+        self.calls += 1
+        keep = sample_uniform(self.seed, self.epoch, self.calls, self.indices) < keep_prob
+        mask = torch.from_numpy(keep).to(device=x.device, dtype=x.dtype)
+        if keep_prob > 0.0 and scale:
+            mask = mask / keep_prob
+        return mask.reshape((x.shape[0],) + (1,) * (x.ndim - 1))
+
+
+class KeyedDropPath(DropPath):
+    """timm's ``DropPath`` with its per-sample decisions taken from :class:`SampleKeys` (timm draws
+    them from the global RNG over the local batch, so they depend on the rank and the batch split).
+    Without sample indices (a loader that gives none) it draws as timm does; in eval it is the identity."""
+
+    def __init__(self, drop_prob: float, scale_by_keep: bool, keys: SampleKeys):
+        super().__init__(drop_prob, scale_by_keep)
+        self.keys = keys
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.drop_prob == 0.0 or not self.training or self.keys.indices is None:
+            return super().forward(x)
+        return x * self.keys.keep_mask(x, 1.0 - self.drop_prob, self.scale_by_keep)
+
+
+def key_drop_path(model: nn.Module, seed: int) -> Optional[SampleKeys]:
+    """Replace every timm ``DropPath`` in ``model`` by a :class:`KeyedDropPath` sharing one
+    :class:`SampleKeys` (returned; ``None`` when the model has no drop path). DropPath holds no
+    weights, so state dicts and eval outputs are unchanged."""
+    keys = SampleKeys(seed)
+    found = False
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, DropPath) and not isinstance(child, KeyedDropPath):
+                setattr(parent, name, KeyedDropPath(child.drop_prob, child.scale_by_keep, keys))
+                found = True
+    return keys if found else None

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from .._util import autocast
 from .checkpoint import unwrap
-from .distributed import DistInfo, all_reduce_sum
+from .distributed import DistInfo, SampleKeys, all_reduce_sum
 
 
 def _quiet(info: DistInfo) -> bool:
@@ -40,6 +40,7 @@ class Recipe:
     ema: Optional[nn.Module] = None                # timm ModelEmaV3 (--ema-decay)
     channels_last: bool = False                    # --channels-last
     mixup_fn: Optional[object] = None
+    sample_keys: Optional[SampleKeys] = None       # drop path keyed to (seed, epoch, sample index)
     max_steps: Optional[int] = None                # --max-steps (optimizer steps)
     keep_top_k: int = 1                            # --keep-top-k checkpoints kept under top/
 
@@ -74,10 +75,13 @@ def train_one_epoch(model: nn.Module, loader, r: Recipe, *, epoch: int, epochs: 
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, disable=_quiet(info),
                dynamic_ncols=True, total=usable)
     r.optimizer.zero_grad(set_to_none=True)
-    for i, (images, targets) in enumerate(bar):
+    for i, batch in enumerate(bar):
         if i >= usable or (r.max_steps is not None and step >= r.max_steps):
             break
-        images, targets = images.to(info.device), targets.to(info.device)
+        images, targets = batch[0], batch[1]
+        if r.sample_keys is not None and len(batch) > 2:     # SeededSamples adds each row's index
+            r.sample_keys.start(epoch, batch[2])
+        images, targets = images.to(info.device, non_blocking=True), targets.to(info.device, non_blocking=True)
         if r.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         hard = targets
@@ -101,7 +105,8 @@ def train_one_epoch(model: nn.Module, loader, r: Recipe, *, epoch: int, epochs: 
         if r.mixup_fn is None:
             correct += (logits.argmax(-1) == hard).sum().item()
         rate = seen / max(time.perf_counter() - start, 1e-9)
-        postfix = {"loss": f"{loss_sum / seen:.3f}", "img/s": f"{rate * info.world_size:.0f}"}
+        unit = "clips/s" if images.ndim == 5 else "img/s"       # video batches are (B, C, T, H, W)
+        postfix = {"loss": f"{loss_sum / seen:.3f}", unit: f"{rate * info.world_size:.0f}"}
         if r.mixup_fn is None:
             postfix["acc"] = f"{100 * correct / seen:.1f}"
         bar.set_postfix(postfix)
@@ -120,18 +125,29 @@ def train_one_epoch(model: nn.Module, loader, r: Recipe, *, epoch: int, epochs: 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, info: DistInfo, amp: bool = False, desc: str = "eval",
              amp_dtype: str = "bfloat16", channels_last: bool = False):
-    """Top-1 accuracy (%) and cross-entropy loss over ``loader`` (summed over ranks)."""
+    """Top-1 accuracy (%), top-5 accuracy (``val_acc_top5``, when there are more than 5 classes) and
+    cross-entropy loss over ``loader`` (summed over ranks: each rank's loader must hold its own
+    images, e.g. ``vitmix.data.sampling.ShardSampler``)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module       # shards may differ by a batch: no DDP forward (buffer broadcast) here
     model.eval()
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    loss_sum = correct = seen = 0.0
+    loss_sum = correct = correct5 = seen = 0.0
+    num_classes = 0
     for images, targets in tqdm(loader, desc=desc, leave=False, disable=_quiet(info), dynamic_ncols=True):
-        images, targets = images.to(info.device), targets.to(info.device)
+        images, targets = images.to(info.device, non_blocking=True), targets.to(info.device, non_blocking=True)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         with autocast(info.device, AMP_DTYPES[amp_dtype] if amp else None):
             logits = model(images).float()
         loss_sum += loss_fn(logits, targets).item()
         correct += (logits.argmax(-1) == targets).sum().item()
+        num_classes = logits.shape[-1]
+        if num_classes > 5:
+            correct5 += (logits.topk(5, dim=-1).indices == targets[:, None]).any(-1).sum().item()
         seen += images.shape[0]
-    loss_sum, correct, seen = all_reduce_sum([loss_sum, correct, seen], info)
-    return {"val_loss": loss_sum / max(seen, 1), "val_acc": 100 * correct / max(seen, 1), "val_images": int(seen)}
+    loss_sum, correct, correct5, seen = all_reduce_sum([loss_sum, correct, correct5, seen], info)
+    result = {"val_loss": loss_sum / max(seen, 1), "val_acc": 100 * correct / max(seen, 1), "val_images": int(seen)}
+    if num_classes > 5:
+        result["val_acc_top5"] = 100 * correct5 / max(seen, 1)
+    return result

@@ -1,9 +1,12 @@
 """``train(cfg)`` and ``evaluate_checkpoint(path, ...)``: the jobs behind ``vitmix train`` / ``eval``."""
 from __future__ import annotations
 
+import csv
 import importlib.util
+import io
 import json
 import random
+import shutil
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,9 +20,10 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch import nn
-from torch.utils.data.distributed import DistributedSampler
 
-from ..data import build_datasets, build_loaders
+from .._util import table_columns
+from ..data import build_datasets, build_loaders, is_video_dataset
+from ..data.sampling import GlobalBatchSampler, SeededSamples, ShardSampler
 from ..models import create_model
 from ..models.timesformer import is_video_model
 from .checkpoint import (
@@ -28,7 +32,7 @@ from .checkpoint import (
 )
 from .compiled import CompiledWithFallback
 from .config import TrainConfig
-from .distributed import DistInfo, cleanup, init_distributed, parse_device
+from .distributed import DistInfo, cleanup, init_distributed, key_drop_path, parse_device
 from .engine import AMP_DTYPES, Recipe, evaluate, train_one_epoch
 from .plots import plot_curves
 
@@ -40,12 +44,18 @@ RESUME_MAY_CHANGE = ("out", "resume", "device", "workers", "epochs", "max_steps"
 #: The user-facing files of one checkpoint set; ``state.pt``, written last, records their digests
 #: and holds everything a resume needs, so it is the manifest that decides which set is complete.
 CHECKPOINT_FILES = ("best.safetensors", "metrics.jsonl", "metrics.csv", "ema.safetensors", "last.safetensors")
+#: Written into the run directory when the loss became non-finite (see ``_check_replaceable``).
+ABORTED = "aborted.json"
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
+def seed_everything(seed: int, rank: int = 0) -> None:
+    """Seed Python and torch with ``seed + rank`` and NumPy with ``seed`` on every rank: NumPy drives
+    timm's ``Mixup`` (λ, the mixup/cutmix switch, the box), whose draws per global batch must not
+    depend on the world size. Per-image draws (augmentation, drop path) are keyed to the sample
+    (``vitmix.data.sampling``)."""
+    random.seed(seed + rank)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed + rank)
 
 
 def rng_state(loader) -> dict:
@@ -148,13 +158,25 @@ def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
             **video}
 
 
-def _summary_table(history) -> str:
-    head = f"{'epoch':>5} {'train loss':>10} {'train acc':>9} {'val loss':>9} {'val acc':>8} {'img/s':>8} {'sec':>6}"
+def _rate_unit(data: str) -> str:
+    """What ``images_per_s`` counts, for the logs: clips for video data, else images."""
+    return "clips/s" if is_video_dataset(data) else "img/s"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _summary_table(history, rate_unit: str = "img/s") -> str:
+    """One row per epoch; ``train s`` is the training loop, ``val s`` the validation after it."""
+    head = (f"{'epoch':>5} {'train loss':>10} {'train acc':>9} {'val loss':>9} {'val acc':>8} {rate_unit:>8} "
+            f"{'train s':>7} {'val s':>6}")
     lines = [head, "-" * len(head)]
     for h in history:
         tacc = f"{h['train_acc']:.2f}" if h["train_acc"] is not None else "n/a"
+        val_s = f"{h['val_seconds']:.1f}" if h.get("val_seconds") is not None else "n/a"  # older runs
         lines.append(f"{h['epoch']:>5} {h['train_loss']:>10.4f} {tacc:>9} {h['val_loss']:>9.4f} "
-                     f"{h['val_acc']:>8.2f} {h['images_per_s']:>8.0f} {h['epoch_seconds']:>6.1f}")
+                     f"{h['val_acc']:>8.2f} {h['images_per_s']:>8.0f} {h['epoch_seconds']:>7.1f} {val_s:>6}")
     return "\n".join(lines)
 
 
@@ -184,10 +206,13 @@ def build_recipe(cfg: TrainConfig, model: nn.Module, lr: float, steps_per_epoch:
 
 
 def metrics_csv(history) -> str:
-    """``metrics.jsonl`` as CSV, one row per epoch (for spreadsheets and plotting tools)."""
-    keys = list(dict.fromkeys(k for h in history for k in h))
-    rows = [",".join(keys)] + [",".join("" if h.get(k) is None else str(h[k]) for k in keys) for h in history]
-    return "\n".join(rows) + "\n"
+    """``metrics.jsonl`` as CSV, one row per epoch (for spreadsheets and plotting tools); the csv
+    module quotes a value holding a comma, quote or newline. ``None`` is an empty cell."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=table_columns(history), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(history)
+    return text.getvalue()
 
 
 def train(cfg: TrainConfig, log=print, on_epoch: Optional[Callable[[dict], None]] = None) -> dict:
@@ -214,13 +239,9 @@ def tensorboard_writer(run_dir: Path):
 
 
 def check_numbers(cfg: TrainConfig) -> None:
-    """Numeric settings out of range are a one-line ``ValueError`` naming the flag."""
-    for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch", "accum_steps", "keep_top_k"):
-        value = getattr(cfg, name)
-        if value is not None and value <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} {value} must be a positive integer")
-    if cfg.ema_decay is not None and not 0.0 < cfg.ema_decay < 1.0:
-        raise ValueError(f"--ema-decay {cfg.ema_decay} must be between 0 and 1 (e.g. 0.9998)")
+    """Settings out of range are a one-line ``ValueError`` naming the flag (the numbers are checked by
+    the config itself; again here for a ``TrainConfig`` built in Python)."""
+    cfg.check_values()
     if cfg.amp_dtype not in AMP_DTYPES:
         raise ValueError(f"--amp-dtype {cfg.amp_dtype!r}: choose {' or '.join(AMP_DTYPES)}")
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
@@ -246,13 +267,67 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
             raise ValueError("--resume needs --out RUN_DIR: the run directory to continue")
         check_resumable(cfg, run_dir)
     elif (run_dir / "config.yaml").exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        _check_replaceable(run_dir)
+    elif run_dir.is_dir() and any(run_dir.iterdir()):
+        first = sorted(p.name for p in run_dir.iterdir())[0]
+        raise ValueError(f"--out {run_dir} is a non-empty directory that holds no vitmix run (it has {first}); "
+                         "give a new or empty directory, so that no file of yours is overwritten")
     return run_dir
+
+
+def _check_replaceable(run_dir: Path) -> None:
+    """A new run may take the place of a run that stopped with a non-finite loss before finishing
+    an epoch (nothing of it is worth keeping: the retry with a lower ``--lr`` goes to the same
+    ``--out``); any other run is refused."""
+    aborted = (run_dir / ABORTED).is_file()
+    if aborted and not (run_dir / "state.pt").is_file():
+        return
+    if aborted:
+        raise ValueError(f"{run_dir} holds a run that stopped with a non-finite loss and keeps the checkpoints of "
+                         "its finished epochs: train the retry into another --out (or delete the directory)")
+    raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+
+
+def _clear_aborted(run_dir: Path) -> None:
+    """Before a run writes into ``run_dir``: forget an earlier abort, and what an aborted run that
+    finished no epoch left (its TensorBoard log, temporaries) when this run replaces it."""
+    marker = run_dir / ABORTED
+    if not marker.is_file():
+        return
+    if not (run_dir / "state.pt").is_file():
+        shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        remove_stray_temporaries(run_dir)
+    marker.unlink()
+
+
+def _abort_message(run_dir: Path, err: FloatingPointError, is_main: bool) -> str:
+    """Record a non-finite loss in ``run_dir`` (so that a retry may replace a run without a finished
+    epoch) and say what the retry can do."""
+    if is_main:
+        save_text(run_dir / ABORTED, json.dumps({"reason": str(err)}) + "\n")
+    if (run_dir / "state.pt").is_file():
+        return (f"{err}; {run_dir} keeps the checkpoints of its finished epochs, so train the retry into another "
+                "--out")
+    return f"{err}; {run_dir} finished no epoch, so the retry may use the same --out"
+
+
+def world_loaders(train_set, val_set, cfg: TrainConfig, info: DistInfo):
+    """``(train_loader, val_loader, batch_sampler)`` for this rank, the same run at any world size:
+    each step trains on one global batch of ``world_size × batch_size`` images of a permutation that
+    depends only on ``(seed, epoch)``, every image augmented from ``(seed, epoch, index)``; each rank
+    validates its own shard, every image once."""
+    batches = GlobalBatchSampler(len(train_set), cfg.batch_size, info.world_size, info.rank, cfg.seed)
+    val_shard = ShardSampler(len(val_set), info.world_size, info.rank) if info.enabled else None
+    train_loader, val_loader = build_loaders(SeededSamples(train_set, cfg.seed), val_set, cfg.batch_size,
+                                             cfg.workers, cfg.seed, val_sampler=val_shard, batch_sampler=batches,
+                                             pin_memory=info.device.type == "cuda")
+    return train_loader, val_loader, batches
 
 
 def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     check_numbers(cfg)
-    seed_everything(cfg.seed + info.rank)
+    run_dir = prepare_run_dir(cfg)   # first: a changed --resume is refused even where its new data is missing
+    seed_everything(cfg.seed, info.rank)
     img_size = cfg.img_size or default_img_size(cfg.model)
     train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment,
                                                    num_frames=cfg.num_frames)
@@ -260,21 +335,14 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
     model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size,
                         data_info.num_frames).to(info.device)
-    run_dir = prepare_run_dir(cfg)
-
-    # One sampler for any world size: rank r takes every world-th index of the same seeded
-    # permutation, so with the same global batch each optimizer step sees the same images as a
-    # single process does (in the same order), and the order depends only on (seed, epoch).
-    sampler = DistributedSampler(train_set, num_replicas=info.world_size, rank=info.rank, seed=cfg.seed,
-                                 drop_last=True)
-    val_sampler = DistributedSampler(val_set, shuffle=False) if info.enabled else None
-    train_loader, val_loader = build_loaders(train_set, val_set, cfg.batch_size, cfg.workers, cfg.seed,
-                                             sampler, val_sampler)
+    sample_keys = key_drop_path(model, cfg.seed)
+    train_loader, val_loader, sampler = world_loaders(train_set, val_set, cfg, info)
     global_batch = cfg.batch_size * info.world_size * cfg.accum_steps
     lr = cfg.lr * global_batch / cfg.lr_base_batch if cfg.lr_base_batch else cfg.lr
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     r = build_recipe(cfg, model, lr, len(train_loader) // cfg.accum_steps, data_info.num_classes, info.device)
+    r.sample_keys = sample_keys
 
     start_epoch, step, best_acc, history = 0, 0, -1.0, []
     if cfg.resume:
@@ -293,17 +361,23 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     n_params = sum(p.numel() for p in unwrap(model).parameters())
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        _clear_aborted(run_dir)
         resolved = f"# resolved: img_size={img_size} world_size={info.world_size}\n"
         save_text(run_dir / "config.yaml", cfg.to_yaml() + resolved)
     log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
-        f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {cfg.epochs} epochs, "
+        f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {_plural(cfg.epochs, 'epoch')}, "
         f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
         f"{f' (--lr × {global_batch}/{cfg.lr_base_batch})' if cfg.lr_base_batch else ''}; run dir {run_dir}")
 
     t0 = time.perf_counter()
-    history, step = _epochs(cfg, info, model, r, (train_loader, val_loader, sampler), run_dir,
-                            (start_epoch, step, best_acc, history), lambda m: _meta(cfg, img_size, data_info, m),
-                            log, on_epoch)
+    try:
+        history, step = _epochs(cfg, info, model, r, (train_loader, val_loader, sampler), run_dir,
+                                (start_epoch, step, best_acc, history), lambda m: _meta(cfg, img_size, data_info, m),
+                                log, on_epoch)
+    except FloatingPointError as err:
+        raise FloatingPointError(_abort_message(run_dir, err, info.is_main)) from None
+    except KeyboardInterrupt:      # the last finished epoch is on disk: say how to go on from it
+        raise KeyboardInterrupt(f"continue with `vitmix train --out {run_dir} --resume`") from None
     return _finish(cfg, run_dir, history, n_params, step, time.perf_counter() - t0, info.is_main, log)
 
 
@@ -327,7 +401,8 @@ def _epochs(cfg, info, model, r, loaders, run_dir, start, meta_for, log, on_epoc
         ema_text = f" (EMA {metrics['val_acc_ema']:.2f}%)" if r.ema is not None else ""
         log(f"epoch {epoch + 1:>3}/{cfg.epochs}: train loss {metrics['train_loss']:.4f}, "
             f"val loss {metrics['val_loss']:.4f}, val acc {metrics['val_acc']:.2f}%{ema_text}, "
-            f"{metrics['images_per_s']:.0f} img/s")
+            f"{metrics['images_per_s']:.0f} {_rate_unit(cfg.data)}, {metrics['epoch_seconds']:.1f}s training + "
+            f"{metrics['val_seconds']:.1f}s validation")
         if on_epoch is not None:
             on_epoch(metrics)
         if cfg.max_steps is not None and step >= cfg.max_steps:
@@ -345,11 +420,13 @@ def _log_board(board, metrics: dict, epoch: int) -> None:
 
 
 def _validate(model, r, val_loader, info, cfg) -> dict:
-    """Validation loss/accuracy of the model, and of its EMA when one is kept."""
+    """Validation loss/accuracy of the model, and of its EMA when one is kept, and the seconds it took."""
+    start = time.perf_counter()
     metrics = evaluate(model, val_loader, info, cfg.amp, amp_dtype=cfg.amp_dtype, channels_last=cfg.channels_last)
     if r.ema is not None:
         ema = evaluate(r.ema.module, val_loader, info, cfg.amp, "eval ema", cfg.amp_dtype, cfg.channels_last)
         metrics.update(val_loss_ema=ema["val_loss"], val_acc_ema=ema["val_acc"])
+    metrics["val_seconds"] = time.perf_counter() - start
     return metrics
 
 
@@ -363,7 +440,7 @@ def _finish(cfg, run_dir, history, n_params, step, seconds, is_main, log) -> dic
     if is_main and history:
         plot_curves(history, run_dir / "curves.png", f"{cfg.model} ({cfg.mixer or 'default'}) on {cfg.data}")
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        log("\n" + _summary_table(history))
+        log("\n" + _summary_table(history, _rate_unit(cfg.data)))
         log(f"\nfinal val accuracy {summary['final_val_acc']:.2f}% (best {summary['best_val_acc']:.2f}%) "
             f"in {summary['train_seconds']:.0f}s; run directory: {run_dir}")
     return summary
@@ -500,7 +577,7 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Option
         raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
                          f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
     info = DistInfo(device=next(model.parameters()).device)
-    _, val_loader = build_loaders(val_set, val_set, batch_size)
+    _, val_loader = build_loaders(val_set, val_set, batch_size, pin_memory=info.device.type == "cuda")
     result = evaluate(model, val_loader, info, amp)
     result.update(checkpoint=str(path), model=meta["model"], mixer=meta.get("mixer"), data=data)
     return result
