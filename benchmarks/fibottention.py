@@ -38,7 +38,7 @@ from vitmix._util import markdown_table, write_csv
 from vitmix.bench.env import cpu_model
 from vitmix.bench.memory import peak_memory
 from vitmix.bench.timing import time_call
-from vitmix.ops import sparse_diagonal as sd
+from vitmix.ops import diagonal as sd
 from vitmix.ops.fibonacci import fibonacci_offsets
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "fibottention"

@@ -12,6 +12,16 @@ With ``--seeds 0,1,2`` every entry is trained once per seed (runs in
 ``runs/learning/<config>-seeds/seed<S>/``, results in ``benchmarks/results/learning/<config>-seeds/``:
 a table per seed and a summary with each seed's smallest gap to softmax and the mean curves).
 
+With ``--grid configs/grid`` (a folder holding ``grid.yaml``, or the spec file itself) every point
+of a learning grid is trained: each config the spec names (one YAML per model shape × budget) with
+each of its mixers/models and seeds; runs in ``runs/learning/grid/<config>/seed<S>/<entry>``
+(finished ones read back, interrupted ones resumed), the table of mean ± std per shape × budget ×
+entry and the goals per shape in ``benchmarks/results/learning/grid/`` (``results.md``,
+``results.json``, ``grid.png``), rewritten after every run. ``--points``, ``--entries`` and
+``--seeds`` restrict what is trained; ``--report-only`` trains nothing and tabulates finished runs.
+
+    python benchmarks/learning.py --grid configs/grid
+
 Runs go to ``runs/learning/<config>/<entry>`` (an entry already finished there is read back, not
 retrained, so an interrupted sweep resumes); results to ``benchmarks/results/learning/<config>/``
 (``results.md``, ``results.json``, ``curves.png``). Each entry is also one command:
@@ -23,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -126,16 +137,210 @@ def write_seed_summary(per_seed, cfg_path: Path, out: Path, env: dict, cmd: str)
     print("\n".join(lines))
 
 
+# -- the learning grid (--grid) --------------------------------------------------------------------
+#: the goals checked at every shape × budget: (entry, reference, allowed shortfall in points)
+GRID_GOALS = (("laplacian", "soft", 0.5), ("laplacian", "softmax", 0.0))
+
+
+def load_grid(path: Path) -> tuple:
+    """The grid spec (``grid.yaml`` in a folder, or the file itself) and its points: for each, the
+    config path, its TrainConfig and ``{entry: number of seeds}`` for its mixers and models."""
+    spec_path = path / "grid.yaml" if path.is_dir() else path
+    spec = load_yaml(spec_path)
+    if not isinstance(spec.get("points"), list) or not spec["points"]:
+        raise ValueError(f"{spec_path} must list the grid's configs under 'points:' (see configs/grid/grid.yaml)")
+    points = []
+    for item in spec["points"]:
+        if not isinstance(item, dict) or "config" not in item:
+            raise ValueError(f"{spec_path}: every point needs 'config: FILE.yaml' and 'mixers:'/'models:' "
+                             f"mappings of name to seed count, got {item!r}")
+        config = spec_path.parent / item["config"]
+        seeds = {**(item.get("mixers") or {}), **(item.get("models") or {})}
+        bad = {k: v for k, v in seeds.items() if not isinstance(v, int) or v < 1}
+        if bad or not seeds:
+            raise ValueError(f"{spec_path}: point {item['config']} needs seed counts >= 1 per entry, got {seeds}")
+        points.append({"config": config, "cfg": TrainConfig.from_dict(load_yaml(config)),
+                       "mixers": list(item.get("mixers") or {}), "models": list(item.get("models") or {}),
+                       "seeds": seeds})
+    return spec_path, points
+
+
+def images_seen(cfg: TrainConfig) -> int:
+    return cfg.epochs * (cfg.train_subset or 10**9)
+
+
+def grid_runs(points, run_root: Path):
+    """Every (point, seed, Entry) of the grid: cheapest budget first and, within a budget, seed-major
+    (every point's seed 0, then seed 1...), so that an interrupted grid has the widest coverage."""
+    top = max(n for p in points for n in p["seeds"].values())
+    budgets = sorted({images_seen(p["cfg"]) for p in points})
+    for budget, seed in ((b, s) for b in budgets for s in range(top)):
+        for p in (p for p in points if images_seen(p["cfg"]) == budget):
+            mixers = [m for m in p["mixers"] if p["seeds"][m] > seed]
+            models = [m for m in p["models"] if p["seeds"][m] > seed]
+            if not mixers and not models:
+                continue
+            seeded = TrainConfig.from_dict({**p["cfg"].to_dict(), "seed": seed})
+            for entry in plan_entries(seeded, mixers, models, run_root / p["config"].stem / f"seed{seed}"):
+                yield p, seed, entry
+
+
+def finished_final(entry: Entry):
+    """The final validation accuracy of a finished run, or None (not started, or interrupted)."""
+    path = entry.run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return summary["final_val_acc"] if summary.get("epochs_run") == entry.config.epochs else None
+
+
+def shape_label(cfg: TrainConfig) -> str:
+    o = cfg.model_options
+    width, heads = o.get("embed_dim"), o.get("num_heads")
+    return f"{width}×{heads} (d {width // heads})" if width and heads else cfg.model
+
+
+def budget_label(cfg: TrainConfig) -> str:
+    return f"{cfg.epochs} ep × {cfg.train_subset or 'all'} img"
+
+
+def grid_table(points, run_root: Path) -> list:
+    """One row per point × entry: the finished seeds' final accuracies, planned seed count."""
+    rows = {}
+    for p, seed, entry in grid_runs(points, run_root):
+        row = rows.setdefault((p["config"].stem, entry.label), {
+            "config": p["config"].as_posix(), "shape": shape_label(p["cfg"]), "budget": budget_label(p["cfg"]),
+            "entry": entry.label, "planned": p["seeds"][entry.label], "finals": {}})
+        final = finished_final(entry)
+        if final is not None:
+            row["finals"][seed] = final
+    for row in rows.values():
+        values = list(row["finals"].values())
+        row["n"] = len(values)
+        row["mean"] = statistics.fmean(values) if values else None
+        row["std"] = statistics.stdev(values) if len(values) > 1 else None
+    return list(rows.values())
+
+
+def grid_goals(rows) -> list:
+    """Per point and goal: both means, the margin, and whether it holds (None: not measured yet)."""
+    out = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        at = {r["entry"]: r for r in rows if r["config"] == config}
+        for entry, ref, slack in GRID_GOALS:
+            a, b = at.get(entry), at.get(ref)
+            if a is None or b is None:
+                continue
+            measured = a["mean"] is not None and b["mean"] is not None
+            margin = a["mean"] - b["mean"] if measured else None
+            out.append({"config": config, "shape": a["shape"], "budget": a["budget"],
+                        "goal": f"{entry} ≥ {ref}" + (f" − {slack}" if slack else ""), "margin": margin,
+                        "holds": (margin >= -slack) if measured else None,
+                        "complete": a["n"] == a["planned"] and b["n"] == b["planned"]})
+    return out
+
+
+def grid_report(rows, goals, spec_path: Path, env: dict, cmd: str) -> str:
+    def pm(r):
+        if r["mean"] is None:
+            return "not measured"
+        return f"{r['mean']:.2f} ± {r['std']:.2f} ({r['n']})" if r["std"] is not None else f"{r['mean']:.2f} (1)"
+
+    cells = [[r["shape"], r["budget"], r["entry"], pm(r), f"{r['n']}/{r['planned']}",
+              ", ".join(f"{r['finals'][s]:.2f}" for s in sorted(r["finals"])) or "–"] for r in rows]
+    verdict = {True: "holds", False: "**fails**", None: "not measured"}
+    goal_cells = [[g["shape"], g["budget"], g["goal"], "–" if g["margin"] is None else f"{g['margin']:+.2f}",
+                   verdict[g["holds"]] + ("" if g["complete"] or g["holds"] is None else " (partial seeds)")]
+                  for g in goals]
+    return "\n".join([
+        f"# Learning grid: `{spec_path.as_posix()}`", "",
+        f"Command: `{cmd}` (trains what is missing, reads finished runs back). {env['cpu']}, "
+        f"torch {env['torch']}, {env['date_utc']}. Final top-1 (%) on the full validation split "
+        "(Fashion-MNIST: the 10k test set); mean ± sample std (n finished seeds); seed S also draws "
+        "the training subset. A run made before a default changed is read back as it is: delete its "
+        "folder under runs/learning/grid/ to retrain it.", "",
+        markdown_table(["shape (width×heads)", "budget", "entry", "final mean ± std (n)", "seeds done",
+                        "per seed"], cells),
+        "", "Goals (margin = difference of the means, points):", "",
+        markdown_table(["shape", "budget", "goal", "margin", "verdict"], goal_cells)])
+
+
+def grid_plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = list(dict.fromkeys((r["shape"], r["budget"]) for r in rows))
+    entries = list(dict.fromkeys(r["entry"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(points)), 4.5))
+    for i, label in enumerate(entries):
+        xs, ys, es = [], [], []
+        for j, point in enumerate(points):
+            r = next((r for r in rows if (r["shape"], r["budget"]) == point and r["entry"] == label), None)
+            if r is not None and r["mean"] is not None:
+                xs.append(j + (i - len(entries) / 2) * 0.08)
+                ys.append(r["mean"])
+                es.append(r["std"] or 0.0)
+        ax.errorbar(xs, ys, yerr=es, fmt="o", capsize=3, label=label)
+    ax.set_xticks(range(len(points)), [f"{s}\n{b}" for s, b in points], fontsize=8)
+    ax.set(ylabel="final validation accuracy (%)", title="learning grid (mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_grid(points, spec_path: Path, run_root: Path, out: Path, env: dict, cmd: str) -> str:
+    rows = grid_table(points, run_root)
+    goals = grid_goals(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"grid": spec_path.as_posix(), "command": cmd, "environment": env,
+                                                  "rows": rows, "goals": goals}, indent=2, default=str))
+    text = grid_report(rows, goals, spec_path, env, cmd)
+    (out / "results.md").write_text(text + "\n")
+    if any(r["mean"] is not None for r in rows):
+        grid_plot(rows, out / "grid.png")
+    return text
+
+
+def run_grid(args, env: dict, cmd: str) -> None:
+    """Train the grid's missing runs (restricted by --points/--entries/--seeds), rewriting the table
+    after each run."""
+    spec_path, points = load_grid(args.grid)
+    run_root = Path("runs") / "learning" / spec_path.parent.name
+    out = args.out or ROOT / "results" / "learning" / spec_path.parent.name
+    want = {name: {x for x in (getattr(args, name) or "").split(",") if x} for name in ("points", "entries", "seeds")}
+    if not args.report_only:
+        for p, seed, entry in grid_runs(points, run_root):
+            if ((want["points"] and p["config"].stem not in want["points"])
+                    or (want["entries"] and entry.label not in want["entries"])
+                    or (want["seeds"] and str(seed) not in want["seeds"]) or finished_final(entry) is not None):
+                continue
+            run_entry(entry)
+            write_grid(points, spec_path, run_root, out, env, cmd)
+    print(write_grid(points, spec_path, run_root, out, env, cmd))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, required=True, help="a YAML recipe under configs/")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--config", type=Path, help="a YAML recipe under configs/")
+    what.add_argument("--grid", type=Path, help="a grid spec (configs/grid/grid.yaml, or its folder): every "
+                      "config it names × its mixers/models × seeds")
     ap.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated mixers (default: %(default)s)")
     ap.add_argument("--models", default="", help="comma-separated whole models trained with the same recipe")
     ap.add_argument("--out", type=Path, help="results folder (default benchmarks/results/learning/<config>)")
     ap.add_argument("--seeds", default="", help="comma-separated seeds: one run per entry and seed, a table per "
-                    "seed and a summary (default: the config's seed)")
+                    "seed and a summary (default: the config's seed); with --grid: train only these seeds")
+    ap.add_argument("--points", default="", help="--grid: train only these configs (file stems, comma-separated)")
+    ap.add_argument("--entries", default="", help="--grid: train only these mixers/models (comma-separated)")
+    ap.add_argument("--report-only", action="store_true", help="--grid: train nothing, tabulate finished runs")
     args = ap.parse_args(argv)
     os.environ.setdefault("TQDM_DISABLE", "1")
+    if args.grid:
+        run_grid(args, environment(), f"python benchmarks/learning.py --grid {args.grid.as_posix()}")
+        return
     cfg = TrainConfig.from_dict(load_yaml(args.config))
     stem = args.config.stem
     run_root = Path("runs") / "learning" / stem

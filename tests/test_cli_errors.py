@@ -74,3 +74,10 @@ def test_a_closed_pipe_is_not_an_error():
     proc = subprocess.run(["bash", "-c", f"set -o pipefail; '{sys.executable}' -m vitmix.cli mixers | true"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-500:]
+
+
+def test_a_misspelt_model_option_suggests_the_real_one(workspace, capsys):
+    """`--model-option dept=1`: timm's TypeError alone named no alternative."""
+    assert main(["train", *TINY, "--model-option", "dept=1", "--out", str(workspace / "r8")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'dept'. Did you mean: depth?" in err, err

@@ -372,7 +372,7 @@ def test_weightformer_pools_by_slices_like_adaptive_avg_pool2d(size):
     has no adaptive pooling to a size that does not divide the input)."""
     import torch.nn.functional as F
 
-    from vitmix.models.weightformer import _adaptive_avg_pool_by_slices
+    from vitmix.models._blocks import _adaptive_avg_pool_by_slices
 
     x = torch.randn(2, 4, *size, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(_adaptive_avg_pool_by_slices(x, 3), F.adaptive_avg_pool2d(x, 3), rtol=1e-6, atol=1e-7)

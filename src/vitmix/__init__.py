@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 __getattr__, __dir__ = lazy_attributes(__name__, {
     "create_model": ".models:create_model",
     "convert": ".conversion:convert",
-    "load_model": ".train.runner:load_model",
+    "load_model": ".runs:load_model",
     "save_pretrained": ".hub:save_pretrained",
     "push_to_hub": ".hub:push_to_hub",
     "list_models": ".models:list_models",

@@ -126,7 +126,7 @@ def build_model(name: str, mixer: Optional[str] = None, checkpoint: Optional[str
         kwargs = {} if img_size is None else {"img_size": img_size}
         model = create_model(name, mixer=mixer, **kwargs)
         if checkpoint:
-            from .train.checkpoint import load_into, read_state_dict
+            from .runs import load_into, read_state_dict
 
             load_into(model, read_state_dict(checkpoint), checkpoint)
         cfg = getattr(model, "pretrained_cfg", {}) or {}
@@ -140,8 +140,7 @@ def build_model(name: str, mixer: Optional[str] = None, checkpoint: Optional[str
 
 def _checkpoint_meta(checkpoint: str) -> Optional[dict]:
     """The vitmix metadata of a checkpoint file or run directory, or ``None`` for a plain state dict."""
-    from .train.checkpoint import load_weights
-    from .train.runner import resolve_checkpoint
+    from .runs import load_weights, resolve_checkpoint
 
     path = resolve_checkpoint(checkpoint)
     if path.suffix != ".safetensors":
@@ -151,7 +150,7 @@ def _checkpoint_meta(checkpoint: str) -> Optional[dict]:
 
 
 def _from_vitmix_checkpoint(name, mixer, checkpoint, img_size, meta) -> Tuple[object, int, int]:
-    from .train.runner import load_model
+    from .runs import load_model
 
     if meta["model"] != name or (mixer is not None and mixer != meta.get("mixer")):
         raise ValueError(f"{checkpoint} holds {meta['model']} (mixer={meta.get('mixer') or 'default'}), not "

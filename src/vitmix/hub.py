@@ -86,8 +86,7 @@ def _model_and_facts(model_or_run: RunOrModel) -> Tuple[nn.Module, Dict[str, Any
 
 
 def _from_run(path: Path) -> Tuple[nn.Module, Dict[str, Any]]:
-    from .train.checkpoint import load_weights
-    from .train.runner import load_model, resolve_checkpoint
+    from .runs import load_model, load_weights, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(path)                      # FileNotFoundError names what is missing
     _, meta = load_weights(checkpoint)

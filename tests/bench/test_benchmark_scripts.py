@@ -99,3 +99,61 @@ def test_onnx_parity_worker_exports_and_checks_a_model():
     pytest.importorskip("onnxscript", reason="ONNX tests need the export extra: pip install 'vitmix[export]'")
     row = _load("onnx_parity").worker("vit_nano_patch4_32", 48)
     assert row["ok"] and row["img_size"] == 48 and 0 < row["max_rel_err"] <= 1e-4 and row["opset"] >= 18
+
+
+def _tiny_grid(tmp_path):
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    (grid / "tiny.yaml").write_text("model: vit_nano_patch4_32\n"
+                                    "model_options: {depth: 1, embed_dim: 32, num_heads: 2}\ndata: digits\n"
+                                    "img_size: 16\nepochs: 1\nbatch_size: 64\ntrain_subset: 128\nwarmup_epochs: 0\n")
+    (grid / "grid.yaml").write_text("points:\n  - config: tiny.yaml\n    mixers: {softmax: 2, laplacian: 1}\n")
+    return grid
+
+
+def test_learning_grid_trains_every_point_and_seed_then_reads_them_back(tmp_path, monkeypatch):
+    """--grid trains each config × mixer × seed once into runs/learning/grid/, tabulates mean ± std
+    over the seeds and checks the goals; a second call (and --report-only) trains nothing."""
+    learning = _load("learning")
+    grid = _tiny_grid(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    learning.main(["--grid", str(grid), "--out", str(out)])
+    runs = tmp_path / "runs" / "learning" / "grid" / "tiny"
+    assert sorted(p.parent.relative_to(runs).as_posix() for p in runs.glob("*/*/summary.json")) == [
+        "seed0/laplacian", "seed0/softmax", "seed1/softmax"]
+    first = json.loads((out / "results.json").read_text())
+    softmax = next(r for r in first["rows"] if r["entry"] == "softmax")
+    finals = [json.loads((runs / f"seed{s}" / "softmax" / "summary.json").read_text())["final_val_acc"] for s in (0, 1)]
+    assert softmax["n"] == 2 and abs(softmax["mean"] - sum(finals) / 2) < 1e-9
+    goal = next(g for g in first["goals"] if g["goal"] == "laplacian ≥ softmax")
+    laplacian = next(r for r in first["rows"] if r["entry"] == "laplacian")
+    assert goal["holds"] == (laplacian["mean"] >= softmax["mean"]) and goal["complete"]
+    assert "laplacian ≥ softmax" in (out / "results.md").read_text() and (out / "grid.png").is_file()
+
+    import vitmix.compare.runner as runner
+
+    def no_training(*_args, **_kwargs):
+        raise AssertionError("a finished run was retrained")
+
+    monkeypatch.setattr(runner, "train", no_training)
+    for extra in ([], ["--report-only"]):
+        learning.main(["--grid", str(grid / "grid.yaml"), "--out", str(out)] + extra)
+        assert json.loads((out / "results.json").read_text())["rows"] == first["rows"]
+
+
+def test_learning_grid_filters_and_bad_specs(tmp_path, monkeypatch):
+    """--entries/--seeds train only what they name (the rest stays 'not measured'); a spec without
+    points is a one-line ValueError."""
+    import pytest
+
+    learning = _load("learning")
+    grid = _tiny_grid(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    learning.main(["--grid", str(grid), "--out", str(tmp_path / "out"), "--entries", "softmax", "--seeds", "1"])
+    rows = {r["entry"]: r for r in json.loads((tmp_path / "out" / "results.json").read_text())["rows"]}
+    assert list(rows["softmax"]["finals"]) == ["1"] and rows["laplacian"]["n"] == 0
+    assert "not measured" in (tmp_path / "out" / "results.md").read_text()
+    (grid / "grid.yaml").write_text("points: []\n")
+    with pytest.raises(ValueError, match="points"):
+        learning.main(["--grid", str(grid), "--out", str(tmp_path / "out")])

@@ -57,7 +57,7 @@ def test_paired_ratio_alternates_and_pairs(monkeypatch):
     """compiled / eager from rounds that time both back to back, in alternating order: with a fake clock
     whose load doubles every round, each round's ratio is still exact (a ratio of two separate timings
     would mix two loads)."""
-    from vitmix.bench import sweep
+    from vitmix.bench import paired as paired_timing
 
     calls, load = [], [1.0]
 
@@ -75,8 +75,8 @@ def test_paired_ratio_alternates_and_pairs(monkeypatch):
         pass
 
     eager.base, compiled.base = 2.0, 1.5
-    monkeypatch.setattr(sweep, "time_call", fake_time_call)
-    paired = sweep.paired_ratio(eager, compiled, "cpu", min_run_time=0.1, rounds=4)
+    monkeypatch.setattr(paired_timing, "time_call", fake_time_call)
+    paired = paired_timing.paired_ratio(eager, compiled, "cpu", min_run_time=0.1, rounds=4)
     assert calls == ["eager", "compiled", "compiled", "eager"] * 2
     assert paired.ratio == pytest.approx(0.75, rel=1e-12) and paired.ratio_iqr == pytest.approx(0.0, abs=1e-12)
 

@@ -120,12 +120,15 @@ def test_nystrom_formula_by_hand():
     assert nystrom_flops(10, 2, 3, 1, tied=False) == nystrom_flops(10, 2, 3, 1, tied=True) + 120 + 2 + 16
 
 
-def test_mixer_method_overrides_the_registry():
-    class Custom(TokenMixer):
+def test_the_mixer_class_owns_its_analytic_formula():
+    class Plain(TokenMixer):
         def mix(self, x, grid, attn_mask=None, is_causal=False):
             return x
 
+    class Custom(Plain):
         def analytic_flops(self, batch, n_tokens):
             return 7 * batch * n_tokens
 
     assert analytic_flops(Custom(8, 2), 3, 5) == 105
+    # TokenMixer's default and a module that is no mixer: no formula, the counter's total stands
+    assert analytic_flops(Plain(8, 2), 3, 5) is None and analytic_flops(torch.nn.Linear(2, 2), 3, 5) is None

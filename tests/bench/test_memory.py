@@ -35,13 +35,13 @@ def test_probe_excludes_what_existed_before():
 
 
 def _fwd_bwd_peak(spec: str, n: int) -> float:
-    from vitmix.bench.sweep import BenchConfig, _build_mixer, _make_fn, layer_options, parse_mixer_spec
+    from vitmix.bench.points import build_point, point_call
+    from vitmix.bench.sweep import BenchConfig
 
-    target = parse_mixer_spec(spec)
     config = BenchConfig(kind="mixers", names=[spec], dim=64, heads=4)
-    point = _build_mixer(target, n, config, torch.device("cpu"))
-    assert point.module.hw == (int(n ** 0.5), int(n ** 0.5)) and layer_options(target) is not None
-    fn = _make_fn(point, "fwd+bwd", torch.device("cpu"), "fp32")
+    point = build_point(config, spec, n, torch.device("cpu"))
+    assert point.module.hw == (int(n ** 0.5), int(n ** 0.5))
+    fn = point_call(point, "fwd+bwd", torch.device("cpu"), "fp32")
     return peak_memory(fn, "cpu", [point.module, point.inputs]).peak_bytes
 
 

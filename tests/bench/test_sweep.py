@@ -132,3 +132,25 @@ def test_bf16_autocast_sweep_runs_every_mixer():
     assert {r["name"] for r in res.rows} >= {"softmax", "soft", "laplacian", "fibottention"}
     bad = [(r["name"], r["pass"], r["note"]) for r in res.rows if r["status"] != "ok"]
     assert not bad and all(r["dtype"] == "bf16" and r["gflops"] > 0 for r in res.rows)
+
+
+def test_a_layer_is_built_with_its_class_bench_options(monkeypatch):
+    """The bench reads ``bench_options`` from the mixer class (no table of mixer names in the bench); the
+    spec's options win, and a mixer without any gets TokenMixer's empty default."""
+    from vitmix import mixers
+    from vitmix.bench.points import layer_options
+    from vitmix.mixers import registry
+
+    assert dict(mixers.TokenMixer.bench_options) == {}
+    for name in ("soft", "soft_norm", "laplacian"):
+        assert layer_options(parse_mixer_spec(name)) == {"num_landmarks": 49}
+    assert layer_options(parse_mixer_spec("laplacian:num_landmarks=auto")) == {"num_landmarks": "auto"}
+    assert layer_options(parse_mixer_spec("softmax")) == {}
+
+    class Widened(mixers.get_mixer_class("softmax")):
+        bench_options = {"fused": False}
+
+    monkeypatch.setitem(registry._MIXERS, "widened_softmax", Widened)
+    monkeypatch.setattr(Widened, "mixer_name", "widened_softmax", raising=False)
+    assert layer_options(parse_mixer_spec("widened_softmax")) == {"fused": False}
+    assert layer_options(parse_mixer_spec("widened_softmax:fused=true")) == {"fused": True}

@@ -250,3 +250,18 @@ def test_calibration_times_full_training_steps():
     seconds = budget.calibrate_step_seconds(model, TrainConfig(batch_size=8), 16, 1, 10, torch.device("cpu"))
     assert seconds > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_clearing_an_unstarted_run_never_deletes_per_seed_runs(tmp_path):
+    """A folder holding per-seed runs has no state.pt of its own; it must not be taken for a run
+    that died before its first checkpoint (which is cleared so it can restart)."""
+    entry = tmp_path / "softmax"
+    (entry / "seed-0").mkdir(parents=True)
+    (entry / "seed-0" / "last.safetensors").write_bytes(b"kept")
+    runner._clear_unstarted(entry)
+    assert (entry / "seed-0" / "last.safetensors").read_bytes() == b"kept"
+    died = tmp_path / "died"
+    died.mkdir()
+    (died / "config.yaml").write_text("seed: 0\n")
+    runner._clear_unstarted(died)
+    assert not died.exists()

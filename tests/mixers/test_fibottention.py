@@ -6,7 +6,7 @@ from timm.models.vision_transformer import VisionTransformer
 import vitmix  # noqa: F401  (registers the mixers)
 from vitmix import mixers
 from vitmix.mixers.fibottention import FibottentionAttention, assign_layer_indices
-from vitmix.ops import sparse_diagonal as sd
+from vitmix.ops import diagonal as sd
 from vitmix.ops.fibonacci import fibonacci_offsets, offsets_mask
 
 DIM, HEADS = 48, 6
@@ -155,3 +155,16 @@ def test_bad_input_raises_value_errors():
         big(torch.randn(1, 17, 96))  # 12 heads need offsets up to 30
     with pytest.raises(ValueError, match="does not support attn_mask"):
         layer(torch.randn(1, 17, DIM), attn_mask=torch.ones(17, 17, dtype=torch.bool))
+
+
+def test_number_layers_counts_depth_aware_mixers_and_keeps_given_indices():
+    fib = [mixers.create("fibottention", DIM, HEADS, layer_idx=idx) for idx in (None, 5, None)]
+    model = torch.nn.Sequential(mixers.create("softmax", DIM, HEADS), *fib)
+    assert mixers.number_layers(model) is model
+    assert [m.layer_idx for m in fib] == [0, 5, 2]          # softmax has no index and is not counted
+    assert [m.layer_idx for m in assign_layer_indices(model, start=3)[1:]] == [3, 4, 5]   # overwrites
+    mixers.number_layers(model, overwrite=True)
+    assert [m.layer_idx for m in fib] == [0, 1, 2]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="start must be an integer >= 0"):
+            mixers.number_layers(model, start=bad)

@@ -221,3 +221,12 @@ def test_avg_pool_and_reset_classifier():
         torch.testing.assert_close(model.forward_head(feats, pre_logits=True), feats[:, 1:].mean(dim=1))
     model.reset_classifier(3)
     assert model(x).shape == (2, 3) and model.get_classifier().out_features == 3
+
+
+def test_depth_aware_mixers_are_numbered_among_themselves():
+    # softmax in time, Fibottention in space: the spatial layers are 0, 1 (not their position among all
+    # mixers), as the TimeSformer builder always numbered them; both Fibottention: time 0, space 1, ...
+    mixed = vitmix.create_model("timesformer_tiny", **SMALL, mixer="fibottention", time_mixer="softmax")
+    assert [b.attn.layer_idx for b in mixed.blocks] == [0, 1]
+    both = vitmix.create_model("timesformer_tiny_fibottention", **SMALL)
+    assert [(b.temporal_attn.layer_idx, b.attn.layer_idx) for b in both.blocks] == [(0, 1), (2, 3)]

@@ -266,11 +266,11 @@ def test_bf16_autocast_forward_backward_finite():
 def test_fused_inference_path_matches_plain_path(size, linear_path, monkeypatch):
     # float32 CPU inference uses oneDNN linears with fused bias+GELU (dynamic fc1: one primitive per
     # sample, unless the low-rank path is chosen); training, autocast and float64 take the plain path.
-    import vitmix.models.weightformer as wf
+    from vitmix.models import _onednn
 
     calls = []
-    real = wf._onednn_linear
-    monkeypatch.setattr(wf, "_onednn_linear", lambda *a: calls.append(a[0].dim()) or real(*a))
+    real = _onednn.fused_linear
+    monkeypatch.setattr(_onednn, "fused_linear", lambda *a: calls.append(a[0].dim()) or real(*a))
     torch.manual_seed(0)
     model = _boost(vitmix.create_model("weightformer_nano_patch4_32", linear_path=linear_path)).eval()
     x = torch.randn(3, 3, *size)

@@ -9,11 +9,13 @@ import torch
 from torch.library import opcheck
 
 import vitmix.ops  # noqa: F401  (registers the ops)
-from vitmix.ops import _l1, export_decompositions
-from vitmix.ops import sparse_diagonal as sd
+from vitmix.ops import diagonal as sd
+from vitmix.ops import export_decompositions
+from vitmix.ops.diagonal import plan as diagonal_plan
+from vitmix.ops.kernel import c as kernel_c
 from vitmix.ops.dynamic import dynamic_depthwise_conv2d, dynamic_depthwise_conv2d_reference
 from vitmix.ops.fibonacci import fibonacci_offsets
-from vitmix.ops.kernels import gaussian_kernel_reference, laplacian_kernel_reference
+from vitmix.ops.kernel import gaussian_kernel_reference, laplacian_kernel_reference
 from vitmix.ops.newton import newton_schulz_inverse
 
 OPS = torch.ops.vitmix
@@ -46,7 +48,7 @@ KERNEL_CASES = [(PAIRS[0], torch.float32, False), (PAIRS[1], D64, True), (PAIRS[
 def test_kernel_ops_opcheck(monkeypatch, pair, dtype, c_kernel):
     xs, ys = pair
     if c_kernel:
-        monkeypatch.setattr(_l1, "_C_MIN_ELEMENTS", 0)      # every size takes the C kernel when it loads
+        monkeypatch.setattr(kernel_c, "_C_MIN_ELEMENTS", 0)      # every size takes the C kernel when it loads
     else:
         monkeypatch.setenv("VITMIX_DISABLE_C_KERNEL", "1")
     x, y = _randn(*xs, dtype=dtype), _randn(*ys, dtype=dtype, seed=1)
@@ -60,7 +62,7 @@ def test_kernel_ops_opcheck(monkeypatch, pair, dtype, c_kernel):
 
 
 def test_kernel_ops_gradcheck_float64(monkeypatch):
-    monkeypatch.setattr(_l1, "_C_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(kernel_c, "_C_MIN_ELEMENTS", 0)
     x, y = _randn(2, 9, 3), _randn(2, 4, 3, seed=1)
     assert torch.autograd.gradcheck(lambda a, b: OPS.gaussian_kernel(a, b), (x, y), eps=1e-6, atol=1e-7)
     assert torch.autograd.gradcheck(lambda a, b: OPS.laplacian_kernel(a, b, 2.0), (x, y), eps=1e-6, atol=1e-8)
@@ -272,7 +274,7 @@ def test_traced_code_calls_the_custom_ops_and_eager_code_does_not():
 
 def test_exporting_does_not_leave_fake_tensors_in_the_plan_cache():
     """Non-strict export runs Python under fake tensors; a plan cached then must still be real."""
-    sd._plan_cached.cache_clear()
+    diagonal_plan._plan_cached.cache_clear()
 
     class Layer(torch.nn.Module):
         def forward(self, q):
@@ -281,7 +283,7 @@ def test_exporting_does_not_leave_fake_tensors_in_the_plan_cache():
 
     q = torch.randn(2, 2, 12, 4)
     torch.export.export(Layer(), (q,))
-    assert sd._plan_cached.cache_info().currsize == 1
+    assert diagonal_plan._plan_cached.cache_info().currsize == 1
     torch.testing.assert_close(Layer()(q), sd.masked_diagonal_attention(q, q, q, [(1, 2), (3,)], 1),
                                rtol=1e-5, atol=1e-6)     # eager, with the cached plan (C kernel on CPU)
 

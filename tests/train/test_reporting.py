@@ -89,3 +89,23 @@ def test_results_file_mistakes_are_one_line_before_any_work(run, tmp_path, capsy
     assert main(["eval", str(run[0]), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_eval_of_a_run_reads_the_folder_it_was_trained_on(tmp_path, capsys):
+    """`vitmix eval RUN` of a run trained with --data-dir evaluates that folder's validation split,
+    not the dataset's default location (an image folder has none: this failed with a data error)."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c, colour in enumerate(((250, 10, 10), (10, 10, 250))):
+            folder = tmp_path / "imgs" / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (16, 16), colour).save(folder / f"{i}.png")
+    out = tmp_path / "run"
+    assert main(["train", "--data", "imagefolder", "--data-dir", str(tmp_path / "imgs"), "--img-size", "16",
+                 "--epochs", "1", "--batch-size", "4", "--model-option", "depth=1", "--model-option",
+                 "embed_dim=32", "--model-option", "num_heads=2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 0
+    assert "imagefolder" in capsys.readouterr().out

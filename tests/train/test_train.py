@@ -197,7 +197,7 @@ def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
     """Regression (the headline mixer's training crashed with a shape error when its compiled kernel
     failed): with a C compiler that fails and an empty kernel cache, training warns once and gives
     exactly the numbers of the PyTorch path."""
-    from vitmix.ops import _l1
+    from vitmix.ops.kernel import c as _l1
 
     cfg = dict(TINY, mixer="laplacian", epochs=1, max_steps=3)
     monkeypatch.setattr(_l1, "_C_MIN_ELEMENTS", 0)

@@ -82,7 +82,7 @@ def build_model(name: str, img_size: int, mixer: Optional[str] = None, mixer_opt
     torch.manual_seed(seed)
     model = create_model(name, img_size=img_size, mixer=mixer, mixer_options=mixer_options)
     if checkpoint:
-        from ..train.checkpoint import load_into, read_state_dict
+        from ..runs import load_into, read_state_dict
 
         # a different classifier head does not change the attention layers an analysis reads
         load_into(model, read_state_dict(checkpoint), f"checkpoint {checkpoint}", ignore=("head.",))

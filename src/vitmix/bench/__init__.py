@@ -7,8 +7,10 @@ The pieces can be used on their own:
 - :mod:`vitmix.bench.memory` — peak memory (CUDA ``max_memory_allocated`` delta, or
   ``MemTracker`` on CPU);
 - :mod:`vitmix.bench.flops` — FLOPs (= 2 × MACs) from ``FlopCounterMode`` with formulas for the ops
-  it misses, plus analytic per-mixer formulas;
-- :mod:`vitmix.bench.sweep` — the sweep over mixers × token counts or models × image sizes;
+  it misses, plus each mixer class's own ``analytic_flops`` formula;
+- :mod:`vitmix.bench.sweep` — the sweep over mixers × token counts or models × image sizes (the loop;
+  :mod:`~vitmix.bench.targets` checks what it is asked, :mod:`~vitmix.bench.points` builds and
+  measures one point, :mod:`~vitmix.bench.paired` times two calls in alternating rounds);
 - :mod:`vitmix.bench.report` — CSV / JSON / markdown tables and log–log plots.
 
 >>> from vitmix.bench import BenchConfig, run_sweep          # doctest: +SKIP

@@ -9,16 +9,6 @@ DEFAULT_IMAGE_SIZES = (224, 384, 512, 768, 1024, 1248)
 DEFAULT_BASELINE_MODEL = "deit_tiny_patch16_224"
 PASSES = ("fwd", "fwd+bwd")
 
-#: options a mixer layer gets in a token sweep unless the spec sets them. Landmark mixers default to
-#: a landmark *stride* (m grows with N, as inside a pyramid stage at its training resolution); a
-#: token sweep of one layer fixes m = 49 (the SOFT/LaplacianFormer count at 224²) so the cost per
-#: token stays constant. A mixer class can state its own with a ``bench_options`` dict attribute.
-LAYER_DEFAULTS: Dict[str, Dict[str, object]] = {
-    "soft": {"num_landmarks": 49},
-    "soft_norm": {"num_landmarks": 49},
-    "laplacian": {"num_landmarks": 49},
-}
-
 
 @dataclass
 class Target:

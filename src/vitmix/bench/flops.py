@@ -17,10 +17,10 @@ oneDNN's fused ``mkldnn._linear_pointwise`` (linear + activation on CPU).
 
 **What no dispatch-level counter can see**: Triton/CUDA kernels launched directly and
 ``torch.library`` custom ops without a registered formula. :func:`count_flops` lists every
-non-aten op it saw without a formula in :attr:`FlopCount.uncounted_ops`, and a mixer can state
-its own analytic count (:func:`analytic_flops`) — either as a method ``analytic_flops(batch,
-n_tokens)`` on the mixer class or through :func:`register_analytic_flops` — which the bench uses
-when the counter sees less than the formula says (a kernel it cannot see ran).
+non-aten op it saw without a formula in :attr:`FlopCount.uncounted_ops`, and a mixer states its
+own analytic count as a method ``analytic_flops(batch, n_tokens)`` on its class (formulas in
+:mod:`vitmix.mixers.flops`), which the bench uses (:func:`analytic_flops`) when the counter sees
+less than the formula says (a kernel it cannot see ran).
 """
 from __future__ import annotations
 
@@ -179,39 +179,16 @@ def count_flops(fn: Callable[[], object]) -> FlopCount:
     return FlopCount(int(counter.get_total_flops()), by_op, sorted(uncounted))
 
 
-# --------------------------------------------------------------------------------------------
-# Analytic formulas (forward pass of one mixer layer, same unit and same op classes as above)
-# --------------------------------------------------------------------------------------------
-_ANALYTIC: Dict[str, Callable[[torch.nn.Module, int, int], int]] = {}
-
-
-def register_analytic_flops(mixer_name: str):
-    """Decorator: register ``fn(mixer, batch, n_tokens) -> FLOPs`` for the mixer named ``mixer_name``.
-
-    A mixer class may instead define ``analytic_flops(self, batch, n_tokens)``, which wins.
-    """
-
-    def decorate(fn):
-        _ANALYTIC[mixer_name] = fn
-        return fn
-
-    return decorate
-
-
 def analytic_flops(mixer: torch.nn.Module, batch: int, n_tokens: int) -> Optional[int]:
-    """The analytic forward FLOPs of ``mixer`` on ``(batch, n_tokens, dim)``, or ``None`` if unknown."""
-    method = getattr(type(mixer), "analytic_flops", None)
-    if callable(method):
-        return int(method(mixer, batch, n_tokens))
-    name = getattr(type(mixer), "mixer_name", None)
-    if name in _ANALYTIC:
-        value = _ANALYTIC[name](mixer, batch, n_tokens)
-        return None if value is None else int(value)
-    return None
+    """The forward FLOPs of ``mixer`` on ``(batch, n_tokens, dim)`` by its ``analytic_flops`` formula, or
+    ``None`` for a module without one (``TokenMixer``'s default)."""
+    method = getattr(mixer, "analytic_flops", None)
+    value = method(batch, n_tokens) if callable(method) else None
+    return None if value is None else int(value)
 
 
 __all__ = [
     "nystrom_flops",
-    "UNIT", "EXTRA_FORMULAS", "FlopCount", "count_flops", "register_analytic_flops", "analytic_flops",
+    "UNIT", "EXTRA_FORMULAS", "FlopCount", "count_flops", "analytic_flops",
     "linear_flops",
 ]

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .._util import markdown_table, write_csv  # noqa: E402
-from ..train.checkpoint import save_text  # noqa: E402
+from ..runs import save_text  # noqa: E402
 from .aggregate import MEAN_KEYS, NOISE_P, aggregate, mark_noise, mean_curve  # noqa: E402
 
 # (key in a row, column title, format); "n" and "vs #1" appear with several seeds, the corruption

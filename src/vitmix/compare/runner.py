@@ -28,9 +28,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..train.checkpoint import save_text
+from ..runs import load_model, save_text
 from ..train.config import TrainConfig
-from ..train.runner import RESUME_MAY_CHANGE, load_model, train
+from ..train.runner import RESUME_MAY_CHANGE, train
 from .budget import (
     TRAIN_FLOPS_PER_FORWARD, Budget, BudgetError, calibrate_step_seconds, forward_flops, parse_budget, steps_for_budget,
     steps_per_epoch,
@@ -200,7 +200,7 @@ def plan_budget(entry: Entry, budget: Budget, train_images: int, data_info) -> d
         return plan
     if cfg.max_steps is not None:
         raise BudgetError(f"--max-steps and --budget {budget} both set how long each entry trains; give one")
-    from ..train.distributed import parse_device
+    from ..runs import parse_device
     from ..train.runner import build_model, default_img_size
 
     img_size = cfg.img_size or default_img_size(cfg.model)
@@ -284,8 +284,10 @@ def _settings(corrupt: dict) -> dict:
 
 
 def _clear_unstarted(run_dir: Path) -> None:
-    """A run that died before its first checkpoint holds nothing to keep: clear it so it can restart."""
-    if run_dir.is_dir() and not (run_dir / "state.pt").exists() and not any(run_dir.glob("*.safetensors")):
+    """A run that died before its first checkpoint holds nothing to keep: clear it so it can restart.
+    A folder with sub-folders (e.g. per-seed runs) is never a run that died early, so it is kept."""
+    if (run_dir.is_dir() and not (run_dir / "state.pt").exists() and not any(run_dir.glob("*.safetensors"))
+            and not any(p.is_dir() for p in run_dir.iterdir())):
         shutil.rmtree(run_dir)
 
 
@@ -362,7 +364,7 @@ def _add_budget_used(entry: Entry, row: dict, plan: dict) -> dict:
 
 def remeasure_entry(entry: Entry, row: dict) -> dict:
     """Measure a finished entry's costs again (e.g. on a quiet machine); accuracy columns are kept."""
-    from ..train.checkpoint import load_weights
+    from ..runs import load_weights
 
     checkpoint = entry.run_dir / "last.safetensors"
     _, meta = load_weights(checkpoint)
@@ -375,7 +377,7 @@ def remeasure_entry(entry: Entry, row: dict) -> dict:
 
 def finish_entry(entry: Entry, summary: dict, corrupt: Optional[dict], plan: Optional[dict] = None) -> dict:
     """Measure the trained run (and its corruption accuracy when asked) and write its ``result.json``."""
-    from ..train.checkpoint import load_weights
+    from ..runs import load_weights
 
     checkpoint = entry.run_dir / "last.safetensors"
     _, meta = load_weights(checkpoint)

@@ -16,9 +16,8 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
-from ..mixers import TokenMixer, get_mixer_class
+from ..mixers import TokenMixer, get_mixer_class, number_layers
 from ..mixers.base import close_matches
-from ..models.factory import _number_layers
 from ..models.vit import bind_token_grid
 
 #: a teacher layer's tensors that a mixer takes (timm ``Attention``'s names, first component)
@@ -212,7 +211,7 @@ def convert(model: Source, mixer: str, *, inplace: bool = False, **mixer_options
         student.set_submodule(name, layer)
         converted.append((name, layer))
     bind_token_grid(student)
-    _number_layers(student)
+    number_layers(student)
     if grid is not None:
         _probe(student, converted, mixer, grid)
     return student

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
+from ..runs import flags
 from .config import GenerateConfig
 
 _HELP = {
@@ -87,28 +87,12 @@ def _add_sampler_flags(p, eta: bool = True) -> None:
 
 def _add_config_flags(p) -> None:
     p.add_argument("--config", help="YAML file of config values; flags given on the command line override it")
-    defaults = GenerateConfig()
-    for f in dataclasses.fields(GenerateConfig):
-        if f.name in ("mixer_options", "model_options"):
-            continue
-        flag, default = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
-        if isinstance(default, bool):
-            p.add_argument(flag, action="store_true", default=None, help=_HELP.get(f.name))
-            continue
-        kind = int if f.name in _INT else float if f.name in _FLOAT else str
-        text = _HELP.get(f.name, f.name.replace("_", " "))
-        p.add_argument(flag, type=kind, default=None, metavar=f.name.upper(),
-                       help=text if "(default:" in text else f"{text} (default: {default})")
-    p.add_argument("--mixer-option", "-M", action="append", metavar="KEY=VALUE", help="mixer option, repeatable")
-    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                   help="model constructor option, repeatable (e.g. --model-option depth=4)")
+    flags.add_field_flags(p, GenerateConfig, _HELP, ints=_INT, floats=_FLOAT)
 
 
 def config_from_args(args: argparse.Namespace) -> GenerateConfig:
     """``--config`` (or, with ``--resume``, the run's own config.yaml) overlaid by the flags given."""
-    from ..train.cli import config_from_args as overlay
-
-    return overlay(args, GenerateConfig)
+    return flags.config_from_args(args, GenerateConfig)
 
 
 def run_train(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from ..train.config import YamlConfig
+from ..runs.flags import YamlConfig
 
 
 @dataclass

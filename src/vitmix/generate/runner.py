@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -27,11 +26,11 @@ from .._util import close_matches
 from ..data import build_datasets
 from ..models import create_model, is_vitmix_model, list_models
 from ..models.dit import GENERATION, model_task
-from ..train.checkpoint import (
-    _atomic, file_digest, load_into, load_state, load_weights, remove_stray_temporaries, save_state, save_text,
-    save_weights,
+from ..runs import (
+    EMA_FIRST, Trainable, atomic_write, check_subset, load_into, load_weights, model_meta, parse_device,
+    prepare_run_dir as _prepare_run_dir, resolve_checkpoint, resume_run, save_manifest, save_metrics, save_run_config,
+    save_text, save_weights, seeded_subset,
 )
-from ..train.distributed import parse_device
 from .config import GenerateConfig
 from .diffusion import PREDICTIONS, SCHEDULES, GaussianDiffusion
 from .fd import FD_LABEL, FeatureNet, features, frechet_distance, gaussian_stats, train_feature_net
@@ -137,16 +136,8 @@ def _subset(x: Tensor, y: Tensor, size: Optional[int], seed: int, flag: str = "-
             ) -> Tuple[Tensor, Tensor]:
     """A fixed random subset of ``size`` images (all for ``None``); the first ``size`` of one seeded
     permutation, so smaller subsets of the same seed are nested in larger ones."""
-    if size is None:
-        return x, y
-    _check_subset(size, len(x), flag)
-    idx = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:size]
-    return x[idx], y[idx]
-
-
-def _check_subset(size: Optional[int], available: int, flag: str) -> None:
-    if size is not None and not 0 < size <= available:
-        raise ValueError(f"{flag} {size} must be between 1 and the {available} training images")
+    idx = seeded_subset(len(x), size, seed, flag)
+    return (x, y) if idx is None else (x[idx], y[idx])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,47 +175,23 @@ def save_grid(images: Tensor, path: Path, per_row: int) -> Path:
     array = (grid * 255).round().byte().permute(1, 2, 0).numpy()
     if images.shape[1] == 1:
         array = array[..., 0]  # back to one grey channel
-    _atomic(Path(path), lambda tmp: Image.fromarray(array).save(tmp, format="PNG"))
+    atomic_write(Path(path), lambda tmp: Image.fromarray(array).save(tmp, format="PNG"))
     return Path(path)
 
 
 # ----------------------------------------------------------------------------------------------
 # run directory, checkpoints, resume
 # ----------------------------------------------------------------------------------------------
-def _run_dir(cfg: GenerateConfig) -> Path:
-    if cfg.out:
-        return Path(cfg.out)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-generate-{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}"
-
-
 def prepare_run_dir(cfg: GenerateConfig) -> Path:
-    """The run directory: a new run never lands on an existing one; ``--resume`` keeps its config."""
-    run_dir = _run_dir(cfg)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"--out {run_dir} is a file; give a directory for the run")
-    saved = run_dir / "config.yaml"
-    if not cfg.resume:
-        if saved.exists():
-            raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-        return run_dir
-    if not cfg.out:
-        raise ValueError("--resume needs --out RUN_DIR: the run directory to continue")
-    if not saved.is_file():
-        raise FileNotFoundError(f"--resume: {saved} does not exist, so {run_dir} holds no run to resume")
-    theirs = GenerateConfig.load(saved)
-    for name in GenerateConfig.field_names():
-        if name not in RESUME_MAY_CHANGE and getattr(cfg, name) != getattr(theirs, name):
-            raise ValueError(f"--resume: --{name.replace('_', '-')} {getattr(cfg, name)!r} differs from the run's "
-                             f"{getattr(theirs, name)!r}; a resumed run keeps its config (only "
-                             f"{', '.join(RESUME_MAY_CHANGE[2:])} may change)")
-    return run_dir
+    """The run directory: a new run never lands on an existing one or on a folder of other files;
+    ``--resume`` keeps its config (see :func:`vitmix.runs.prepare_run_dir`)."""
+    return _prepare_run_dir(cfg, GenerateConfig, RESUME_MAY_CHANGE,
+                            f"generate-{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}")
 
 
 def _meta(cfg: GenerateConfig, info, img_size: int, epoch: int) -> dict:
     """What a checkpoint records to rebuild its model and sampler."""
-    return {"model": cfg.model, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
-            "model_options": cfg.model_options, "img_size": img_size, "in_chans": info.in_chans,
+    return {**model_meta(cfg), "img_size": img_size, "in_chans": info.in_chans,
             "num_classes": info.num_classes, "classes": list(info.classes), "data": cfg.data,
             "task": GENERATION, "timesteps": cfg.timesteps, "schedule": cfg.schedule,
             "prediction": cfg.prediction, "sample_steps": cfg.sample_steps, "guidance": cfg.guidance,
@@ -233,43 +200,23 @@ def _meta(cfg: GenerateConfig, info, img_size: int, epoch: int) -> dict:
 
 def _save_epoch(run_dir: Path, model, ema, optimizer, history: list, step: int, meta: dict) -> None:
     """One checkpoint set; ``state.pt`` goes last and records the digests of the others."""
+    _save_weights(run_dir, model, ema, meta)
+    save_metrics(run_dir, history)
+    save_manifest(run_dir, Trainable(model, optimizer, ema=ema), meta["epoch"], step, history, CHECKPOINT_FILES)
+
+
+def _save_weights(run_dir: Path, model, ema, meta: dict) -> None:
     save_weights(model, run_dir / "last.safetensors", meta)
     if ema is not None:
         save_weights(ema.module, run_dir / "ema.safetensors", meta)
-    save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-    state = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-             "optimizer": optimizer.state_dict(), "epoch": meta["epoch"], "step": step, "history": history,
-             "rng": torch.get_rng_state(),
-             "files": {n: file_digest(run_dir / n) for n in CHECKPOINT_FILES if (run_dir / n).is_file()}}
-    if ema is not None:
-        state["ema"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
-    save_state(run_dir / "state.pt", state)
 
 
 def _resume(run_dir: Path, model, ema, optimizer, log, meta_for) -> Tuple[int, int, list]:
     """Load the last complete checkpoint set: ``(epoch, step, history)``; ``meta_for(epoch)`` is the
     metadata to rewrite weights that a run killed while saving left newer than ``state.pt``."""
-    if remove_stray_temporaries(run_dir):
-        log(f"warning: removed temporary files an interrupted write left in {run_dir}")
-    if not (run_dir / "state.pt").is_file():
-        log(f"warning: {run_dir} has no complete checkpoint yet; starting the run from the beginning")
-        return 0, 0, []
-    state = load_state(run_dir / "state.pt")
-    load_into(model, state["model"], f"{run_dir}/state.pt")
-    optimizer.load_state_dict(state["optimizer"])
-    if ema is not None:
-        ema.module.load_state_dict(state["ema"])
-    torch.set_rng_state(state["rng"])
-    history = list(state["history"])
-    stale = [n for n, d in state["files"].items() if not (run_dir / n).is_file() or file_digest(run_dir / n) != d]
-    if stale:  # killed while writing the next epoch's set: rewrite it from the complete one
-        log(f"warning: ignoring the partial checkpoint of an interrupted epoch ({', '.join(stale)}); "
-            f"resuming from epoch {state['epoch']}")
-        save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-        save_weights(model, run_dir / "last.safetensors", meta_for(int(state["epoch"])))
-        if ema is not None:
-            save_weights(ema.module, run_dir / "ema.safetensors", meta_for(int(state["epoch"])))
-    return int(state["epoch"]), int(state["step"]), history
+    done = resume_run(run_dir, Trainable(model, optimizer, ema=ema), log,
+                      lambda history: _save_weights(run_dir, model, ema, meta_for(len(history))))
+    return done.epoch, done.step, done.history
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,7 +273,7 @@ def train_generator(cfg: GenerateConfig, log=print) -> dict:
     device = parse_device(cfg.device)
     train_x, train_y, val_x, val_y, info, img_size = load_images(cfg.data, cfg.img_size, cfg.data_dir, cfg.download)
     data = _subset(train_x, train_y, cfg.train_subset, cfg.seed)
-    _check_subset(cfg.fd_classifier_subset, len(train_x), "--fd-classifier-subset")  # fail before training
+    check_subset(cfg.fd_classifier_subset, len(train_x), "--fd-classifier-subset")  # fail before training
     model = build_generator(_meta(cfg, info, img_size, 0)).to(device)
     diffusion = GaussianDiffusion(cfg.timesteps, cfg.schedule, cfg.prediction)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -340,8 +287,7 @@ def train_generator(cfg: GenerateConfig, log=print) -> dict:
     start, step, history = 0, 0, []
     if cfg.resume:
         start, step, history = _resume(run_dir, model, ema, optimizer, log, lambda e: _meta(cfg, info, img_size, e))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_text(run_dir / "config.yaml", cfg.to_yaml() + f"# resolved: img_size={img_size}\n")
+    save_run_config(run_dir, cfg, f"img_size={img_size}")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vitmix generate: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
         f"({len(data[0])} images, {img_size}px) for {_plural(cfg.epochs, 'epoch')}, {cfg.schedule} "
@@ -522,22 +468,9 @@ def measure_fd(net: FeatureNet, model, diffusion, real: Tuple[Tensor, Tensor], s
 # ----------------------------------------------------------------------------------------------
 # checkpoints: sample, FD
 # ----------------------------------------------------------------------------------------------
-def resolve_checkpoint(path) -> Path:
-    """A checkpoint file, or a run directory (its ``ema.safetensors``, else ``last.safetensors``)."""
-    path = Path(path)
-    if path.is_dir():
-        for name in ("ema.safetensors", "last.safetensors"):
-            if (path / name).is_file():
-                return path / name
-        raise FileNotFoundError(f"{path} holds no ema.safetensors or last.safetensors (no epoch finished yet?)")
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return path
-
-
 def load_generator(checkpoint, device: Optional[str] = None):
     """``(model, meta, diffusion)`` of a ``vitmix generate`` checkpoint file or run directory."""
-    path = resolve_checkpoint(checkpoint)
+    path = resolve_checkpoint(checkpoint, EMA_FIRST)
     state, meta = load_weights(path)
     if meta.get("task") != GENERATION:
         raise ValueError(f"{path} is not a `vitmix generate train` checkpoint (no generation metadata)")
@@ -580,8 +513,8 @@ def measure_checkpoint_fd(checkpoint, samples: int = 1000, steps: Optional[int] 
         raise ValueError(f"--classifier-subset {classifier_subset} must be a positive integer")
     model, meta, diffusion = load_generator(checkpoint, device)
     train_x, train_y, val_x, val_y, _, _ = load_images(meta["data"], meta["img_size"], data_dir)
-    _check_subset(classifier_subset, len(train_x), "--classifier-subset")
-    target = Path(classifier) if classifier else resolve_checkpoint(checkpoint).parent / FD_CLASSIFIER
+    check_subset(classifier_subset, len(train_x), "--classifier-subset")
+    target = Path(classifier) if classifier else resolve_checkpoint(checkpoint, EMA_FIRST).parent / FD_CLASSIFIER
     if target.is_file() and (classifier or classifier_subset is None):
         net, acc, saved = load_fd_classifier(target, meta["data"], meta["img_size"])
         images = saved.get("train_images")
@@ -592,4 +525,4 @@ def measure_checkpoint_fd(checkpoint, samples: int = 1000, steps: Optional[int] 
     steps, guidance = steps or meta["sample_steps"], meta["guidance"] if guidance is None else guidance
     result = measure_fd(net, model, diffusion, (train_x, val_x), samples, steps, guidance, meta["eta"], seed)
     return dict(result, fd_classifier_val_acc=acc, fd_classifier_images=images,
-                checkpoint=str(resolve_checkpoint(checkpoint)))
+                checkpoint=str(resolve_checkpoint(checkpoint, EMA_FIRST)))

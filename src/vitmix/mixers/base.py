@@ -17,7 +17,8 @@ layouts without registers).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Tuple
+from types import MappingProxyType
+from typing import Mapping, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -133,6 +134,9 @@ class TokenMixer(nn.Module):
     #: submodules whose output is added to the mixed tokens (local convolutions of V): zeroed by
     #: :meth:`load_attention`, so a layer converted from softmax attention starts without them
     additive_terms: Tuple[str, ...] = ()
+    #: options ``vitmix bench`` builds one layer of this mixer with in a token sweep, unless the spec
+    #: sets them (read-only; a subclass assigns its own dict)
+    bench_options: Mapping[str, object] = MappingProxyType({})
 
     def __init__(
         self,
@@ -231,6 +235,11 @@ class TokenMixer(nn.Module):
         """Mix tokens. ``grid`` is ``(prefix, H, W)`` for spatial mixers, else ``None``."""
         raise NotImplementedError
 
+    def analytic_flops(self, batch: int, n: int) -> Optional[int]:
+        """Forward FLOPs on ``(batch, n, dim)`` by formula (``vitmix.bench``'s unit), for kernels the FLOP
+        counter cannot see; ``None``: no formula, the counter's total stands."""
+        return None
+
     def attention_map(self, x: torch.Tensor, **grid) -> torch.Tensor:
         """The effective ``(B, heads, N, N)`` token-to-token weights, for analysis (O(N^2))."""
         raise NotImplementedError(f"{type(self).__name__} does not expose an attention map")
@@ -307,4 +316,21 @@ def set_token_grid(model: nn.Module, hw: Optional[Tuple[int, int]], num_prefix_t
     for module in model.modules():
         if isinstance(module, TokenMixer):
             module.set_grid(hw, num_prefix_tokens)
+    return model
+
+
+def number_layers(model: nn.Module, start: int = 0, *, overwrite: bool = False) -> nn.Module:
+    """Give the depth-aware mixers of ``model`` (those with a ``layer_idx``, e.g. Fibottention's per-layer
+    head shuffle) the indices ``start, start+1, ...`` in module order; returns ``model``.
+
+    timm's ``Block`` does not pass its depth to ``attn_layer``, so the model builders call this once.
+    Mixers that already have an index keep it unless ``overwrite``; other mixers are not counted (a
+    TimeSformer with softmax in time numbers its spatial Fibottention layers 0, 1, ...).
+    """
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be an integer >= 0, got {start!r}")
+    depth_aware = [m for m in model.modules() if isinstance(m, TokenMixer) and hasattr(m, "layer_idx")]
+    for index, mixer in enumerate(depth_aware, start):
+        if overwrite or mixer.layer_idx is None:
+            mixer.layer_idx = index
     return model

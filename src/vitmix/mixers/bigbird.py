@@ -38,8 +38,8 @@ import torch
 from ..ops._common import real_tensors
 from ..ops.index_sparse import IndexPattern, index_mask, index_pattern, index_sparse_attention, masked_index_attention
 from .base import AttentionProjections, TokenMixer
-from .longformer import PrefixOnlyGrid, check_sparse_options, positive_int, prefix_only_grid
-from ._cache import cached_pattern
+from ._sparse import PrefixOnlyGrid, cached_pattern, check_sparse_options, prefix_only_grid
+from .options import positive_int
 from .registry import register_mixer
 
 __all__ = ["BigBirdAttention", "bigbird_index"]

@@ -9,7 +9,7 @@ ViT-B/16 224² (N = 196, 12 heads). See :mod:`vitmix.ops.fibonacci` for the offs
 ``mode=`` chooses how the pattern is applied:
 
 - ``"sparse"`` (default): true sparse computation, O(N·|F|·d) time and memory in forward and
-  backward (:func:`vitmix.ops.sparse_diagonal.sparse_diagonal_attention`);
+  backward (:func:`vitmix.ops.diagonal.sparse_diagonal_attention`);
 - ``"masked"``: dense scores with ``-inf`` outside the pattern — the same function as
   ``"sparse"``, O(N²), the reference;
 - ``"official"``: the official code's multiplicative 0/1 mask on the logits (masked keys keep
@@ -32,13 +32,13 @@ import torch
 from torch import nn
 
 from ..ops.fibonacci import SHUFFLES, VARIANTS, _as_int, fibonacci_offsets, interaction_counts
-from ..ops.sparse_diagonal import (
+from ..ops.diagonal import (
     BACKENDS, masked_diagonal_attention, official_diagonal_attention, sparse_diagonal_attention,
 )
-from .base import TIMM_DEFAULT_PREFIX, AttentionProjections, TokenMixer, close_matches
+from .base import TIMM_DEFAULT_PREFIX, AttentionProjections, TokenMixer, close_matches, number_layers
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .flops import linears_flops
-from ._cache import diagonal_pattern
+from ._sparse import diagonal_pattern
 from .registry import register_mixer
 
 __all__ = ["FibottentionAttention", "assign_layer_indices", "MODES"]
@@ -71,7 +71,7 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
             excludes the main diagonal (a patch token does not attend to itself); ``True`` adds it
             to every head, ``False`` removes it from every head.
         backend: sparse-mode kernel, ``"auto"`` | ``"c"`` | ``"torch"`` | ``"triton"``
-            (see :func:`~vitmix.ops.sparse_diagonal.sparse_diagonal_attention`).
+            (see :func:`~vitmix.ops.diagonal.sparse_diagonal_attention`).
         See :class:`~vitmix.mixers.base.TokenMixer` for the shared timm arguments. ``attn_drop``
         is supported in ``masked``/``official`` modes only. The token grid is used only for its
         prefix count; any patch count works (offsets are recomputed per ``N`` and cached per
@@ -152,7 +152,7 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
                                  include_diagonal=self.include_diagonal)
 
     def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
-        """The sparse plan or the dense mask (:func:`~vitmix.mixers._cache.diagonal_pattern`)."""
+        """The sparse plan or the dense mask (:func:`~vitmix.mixers._sparse.diagonal_pattern`)."""
         return diagonal_pattern(self, kind, num_tokens, prefix, device)
 
     # ------------------------------------------------------------------------------- forward
@@ -242,11 +242,6 @@ def assign_layer_indices(model: nn.Module, start: int = 0) -> nn.Module:
     timm's ``Block`` does not pass its depth to the attention layer, so a stock timm model built
     with ``attn_layer=timm_attn("fibottention")`` has every layer at index 0 (identical head order
     in all layers). Call this once after building it; vitmix's Fibottention models already do.
-    Returns ``model``.
+    Returns ``model``. (:func:`vitmix.mixers.number_layers` with ``overwrite=True``.)
     """
-    idx = _as_int(start, "start", 0)
-    for module in model.modules():
-        if isinstance(module, FibottentionAttention):
-            module.layer_idx = idx
-            idx += 1
-    return model
+    return number_layers(model, start, overwrite=True)

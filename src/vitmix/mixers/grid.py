@@ -6,64 +6,18 @@ followed by the ``H×W`` grid in row-major order; "channels first" grids are ``(
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Optional, Sequence, Tuple, Union
+from typing import Sequence, Tuple, Union
 
 import torch
 from torch import nn
+
+from .options import check_choice, check_newton, reject_unsupported, stride_option  # noqa: F401  (were here)
 
 #: the landmark grid of the papers (m = 49 in every SOFT stage at 224²): the default cap, so that a
 #: mixer created without options costs O(N) at any resolution
 DEFAULT_LANDMARK_GRID = (7, 7)
 
 LandmarkCount = Union[int, Sequence[int], str, None]
-
-
-# ------------------------------------------------------------------------------------ options
-def check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}")
-
-
-def reject_unsupported(name: str, qk_norm: bool = False, scale_norm: bool = False,
-                       attn_drop: float = 0.0) -> None:
-    """Raise for timm options a kernel mixer cannot honour (accepted only at their defaults)."""
-    if scale_norm:
-        raise ValueError(f"{name} does not support scale_norm=True; leave it False")
-    if qk_norm:
-        raise ValueError(f"{name} does not support qk_norm=True; leave it False")
-    if attn_drop:
-        raise ValueError(
-            f"{name} never forms an attention matrix, so attn_drop={attn_drop} cannot apply; use "
-            f"proj_drop or drop_path instead"
-        )
-
-
-def check_newton(name: str, iters, eps, inverse: str) -> None:
-    """Newton–Schulz options: ``iters >= 1`` with ``inverse="newton"``, ``eps >= 0``."""
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
-        raise ValueError(f"{name}: newton_iters={iters!r} must be an int >= 1 (default 20)")
-    if iters == 0 and inverse == "newton":
-        raise ValueError(f"{name}: newton_iters=0 with inverse='newton' would return the start matrix, not "
-                         f"an inverse; use newton_iters >= 1 (default 20) or inverse='exact'")
-    if not float(eps) >= 0:
-        raise ValueError(f"{name}: newton_eps={eps!r} must be >= 0 (default 0.01)")
-
-
-def stride_option(name: str, landmark_stride: Optional[int], deprecated: dict, default: int) -> int:
-    """The landmark stride, accepting the old per-method names (``sr_ratio``, ``pool_ratio``) with a warning."""
-    given = {k: v for k, v in deprecated.items() if v is not None}
-    for old, value in given.items():
-        warnings.warn(f"{name}: {old}= is deprecated, use landmark_stride={value}", DeprecationWarning,
-                      stacklevel=4)
-        if landmark_stride is not None and int(landmark_stride) != int(value):
-            raise ValueError(f"{name}: landmark_stride={landmark_stride} and {old}={value} disagree; "
-                             f"pass landmark_stride only")
-        landmark_stride = value
-    stride = int(default if landmark_stride is None else landmark_stride)
-    if stride < 1:
-        raise ValueError(f"{name}: landmark_stride={stride} must be >= 1")
-    return stride
 
 
 # ---------------------------------------------------------------------------------- landmarks
@@ -127,6 +81,17 @@ def landmark_shape(name: str, h: int, w: int, stride: int, spec, remainder: str 
     return h // stride, w // stride
 
 
+def pooled_landmark_count(mixer, h: int, w: int) -> Tuple[int, int]:
+    """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits).
+
+    The ``landmark_count`` of the mixers that pool their landmarks from the grid (SOFT, SOFT-Norm,
+    LaplacianFormer): :func:`landmark_shape` of their ``landmark_stride``, ``landmark_hw`` and
+    ``grid_remainder``.
+    """
+    return landmark_shape(type(mixer).__name__, h, w, mixer.landmark_stride, mixer.landmark_hw,
+                          mixer.grid_remainder)
+
+
 # ------------------------------------------------------------------------------------- layouts
 def grid_channels_first(t: torch.Tensor, prefix: int, h: int, w: int) -> torch.Tensor:
     """``(B, heads, P + H*W, d)`` → the grid tokens as ``(B*heads, d, H, W)``."""
@@ -169,7 +134,6 @@ def split_heads(t: torch.Tensor, nh: int) -> torch.Tensor:
 
 
 __all__ = [
-    "DEFAULT_LANDMARK_GRID", "LandmarkCount", "add_to_grid", "check_choice", "check_newton", "grid_channels_first",
-    "head_conv", "landmark_grid", "landmark_shape", "merge_heads", "reject_unsupported", "split_heads", "stride_option",
-    "tokens_from_channels_first",
+    "DEFAULT_LANDMARK_GRID", "LandmarkCount", "add_to_grid", "grid_channels_first", "head_conv", "landmark_grid",
+    "landmark_shape", "merge_heads", "pooled_landmark_count", "split_heads", "tokens_from_channels_first",
 ]

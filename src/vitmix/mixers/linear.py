@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import AttentionProjections, TokenMixer
-from .grid import reject_unsupported
+from .options import reject_unsupported
 from .registry import register_mixer
 
 

@@ -8,7 +8,7 @@ token and every token attends to them. ``dilation`` spaces the window (the paper
 window: offsets ``0, δ, 2δ, …``).
 
 Why 1-D: it is the paper's pattern, and it is exactly a set of diagonals, so it runs on
-:func:`vitmix.ops.sparse_diagonal.sparse_diagonal_attention` in O(N·radius·d) time and memory with no
+:func:`vitmix.ops.diagonal.sparse_diagonal_attention` in O(N·radius·d) time and memory with no
 approximation. A 2-D (image) window is a different method (local/neighbourhood attention); as
 diagonals it would wrap across row ends. In raster order a patch sees its ``radius`` horizontal
 neighbours on each side, and the rows above/below only as far as the window reaches
@@ -34,76 +34,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.fibonacci import interaction_counts
-from ..ops.sparse_diagonal import BACKENDS, masked_diagonal_attention, sparse_diagonal_attention
-from .base import TIMM_DEFAULT_PREFIX, AttentionProjections, TokenMixer, close_matches
-from ._cache import diagonal_pattern
+from ..ops.diagonal import masked_diagonal_attention, sparse_diagonal_attention
+from .base import AttentionProjections, TokenMixer
+from ._sparse import (  # noqa: F401  (SPARSE_MODES, PrefixOnlyGrid, prefix_only_grid: public here too)
+    SPARSE_MODES, PrefixOnlyGrid, check_sparse_options, diagonal_pattern, prefix_only_grid,
+)
+from .options import positive_int
 from .registry import register_mixer
 
 __all__ = ["LongformerAttention", "PrefixOnlyGrid", "window_offsets", "prefix_only_grid", "SPARSE_MODES"]
 
-#: how a sparse baseline applies its pattern: truly sparse, or dense with -inf outside it
-SPARSE_MODES = ("sparse", "masked")
-
-
 def window_offsets(radius: int, dilation: int, num_tokens: int) -> Tuple[int, ...]:
     """The window's offsets ``0, δ, …, radius·δ`` that exist among ``num_tokens`` patch tokens."""
     return tuple(d * dilation for d in range(radius + 1) if d * dilation < num_tokens)
-
-
-def prefix_only_grid(mixer: TokenMixer, n_tokens: int, hw, num_prefix_tokens):
-    """``(hw, prefix)`` for a mixer that needs only the prefix count: with a prefix count and no
-    grid (per call or on the mixer), the patch tokens are taken as one row, so any length works. Told
-    nothing, timm's default of one CLS token is the prefix (never a count guessed from N)."""
-    prefix = num_prefix_tokens if num_prefix_tokens is not None else mixer.num_prefix_tokens
-    if prefix is None and hw is None and mixer.hw is None:
-        prefix = TIMM_DEFAULT_PREFIX
-    if hw is None and mixer.hw is None and prefix is not None:
-        if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
-            raise ValueError(f"num_prefix_tokens must be a non-negative int, got {prefix!r}")
-        if prefix >= n_tokens:
-            raise ValueError(f"num_prefix_tokens={prefix} must be smaller than the sequence length N={n_tokens} "
-                             f"({mixer.mixer_name} needs at least one patch token)")
-        hw = (1, n_tokens - prefix)
-    return hw, prefix
-
-
-class PrefixOnlyGrid:
-    """Mixin (before ``TokenMixer``) for mixers that need only the prefix count, not the 2-D grid."""
-
-    def _map_grid(self, x: torch.Tensor, hw, num_prefix_tokens):
-        """The resolved grid of ``attention_map``'s input (any length when only a prefix count is known)."""
-        hw, prefix = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
-        return self.token_grid(x.shape[1], hw, prefix)
-
-    def _prefix_qkv(self, x: torch.Tensor, grid):
-        """``(prefix, n, q, k, v)``: prefix and patch-token counts, and the projected heads."""
-        prefix = grid[0]
-        return (prefix, x.shape[1] - prefix, *self._qkv(x))
-
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
-                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
-        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works."""
-        if x.dim() == 3:
-            hw, num_prefix_tokens = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
-        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
-
-
-def check_sparse_options(name: str, mode: str, backend: Optional[str], attn_drop: float) -> None:
-    """Shared checks of the sparse baselines' ``mode``/``backend``/``attn_drop``."""
-    choices = (("mode", mode, SPARSE_MODES),) + ((("backend", backend, BACKENDS),) if backend is not None else ())
-    for key, value, allowed in choices:
-        if value not in allowed:
-            raise ValueError(f"{name} {key}={value!r} is not one of {', '.join(allowed)}."
-                             + close_matches(str(value), allowed))
-    if mode == "sparse" and attn_drop:
-        raise ValueError(f"{name} mode='sparse' does not implement attention dropout; use attn_drop=0 or "
-                         f"mode='masked'")
-
-
-def positive_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-    return value
 
 
 @register_mixer("longformer")
@@ -117,7 +60,7 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
             paper (default False; see the module docstring).
         mode: ``"sparse"`` (default) or ``"masked"`` (dense reference; supports ``attn_drop``).
         backend: sparse kernel, ``"auto"`` | ``"c"`` | ``"torch"`` | ``"triton"`` (see
-            :func:`~vitmix.ops.sparse_diagonal.sparse_diagonal_attention`).
+            :func:`~vitmix.ops.diagonal.sparse_diagonal_attention`).
         See :class:`~vitmix.mixers.base.TokenMixer` for the shared arguments. Only the prefix count
         of the grid is used: with ``num_prefix_tokens`` given and no ``hw``, any length works.
     """
@@ -142,7 +85,7 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         return [window_offsets(self.radius, self.dilation, num_tokens)] * self.num_heads
 
     def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
-        """The sparse plan or the dense mask (:func:`~vitmix.mixers._cache.diagonal_pattern`)."""
+        """The sparse plan or the dense mask (:func:`~vitmix.mixers._sparse.diagonal_pattern`)."""
         return diagonal_pattern(self, kind, num_tokens, prefix, device)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..ops._common import no_autocast
 from .base import AttentionProjections, TokenMixer
-from .grid import reject_unsupported
+from .options import reject_unsupported
 from .registry import register_mixer
 
 

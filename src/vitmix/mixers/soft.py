@@ -32,7 +32,7 @@ grid tokens only (prefix tokens get no local term).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -43,9 +43,10 @@ from ..ops._common import no_autocast
 from ..ops._triton import check_backend
 from .base import TokenMixer
 from .grid import (
-    LandmarkCount, add_to_grid, check_choice, check_newton, grid_channels_first, head_conv, landmark_grid,
-    landmark_shape, merge_heads, reject_unsupported, split_heads, stride_option, tokens_from_channels_first,
+    LandmarkCount, add_to_grid, grid_channels_first, head_conv, landmark_grid, merge_heads, pooled_landmark_count,
+    split_heads, tokens_from_channels_first,
 )
+from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops
 from .registry import register_mixer
@@ -143,6 +144,9 @@ class SoftAttention(TokenMixer):
     rejects_non_finite = True
     complexity = "linear"
     additive_terms = ("conv",)   # the local filter on V: zero when converted from softmax
+    #: a token sweep of one layer fixes m = 49 (7×7, the count at 224²), so the cost per token stays
+    #: constant at every size ("auto" agrees from a 14×14 grid up, and gives fewer below)
+    bench_options = {"num_landmarks": 49}
     normalization: Optional[str] = None
     #: option values of each ``preset`` (every preset names the same options)
     presets = {
@@ -250,10 +254,7 @@ class SoftAttention(TokenMixer):
                 f"landmarks={self.landmarks!r}, {m}, newton_iters={self.newton_iters}, inverse={self.inverse!r}")
 
     # -- pieces --------------------------------------------------------------------------------
-    def landmark_count(self, h: int, w: int) -> Tuple[int, int]:
-        """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits)."""
-        return landmark_shape(type(self).__name__, h, w, self.landmark_stride, self.landmark_hw,
-                              self.grid_remainder)
+    landmark_count = pooled_landmark_count
 
     def _landmarks(self, q: torch.Tensor, grid) -> torch.Tensor:
         """Landmarks ``(B, heads, m, d)`` from the (scaled) grid queries."""

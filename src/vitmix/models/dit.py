@@ -24,8 +24,8 @@ WeightFormer-DiT (:class:`WeightFormerDiT`) follows the official ``model/wfm_dit
 LeapLabTHU/WeightFormer ("Linear-Time Global Visual Modeling without Explicit Attention"): there is no
 attention; the first branch is a depthwise 3×3 convolution of the modulated tokens and the MLP's first
 layer a plain linear, except in the *dynamic* blocks (``(ℓ + 2) % 3 == 0``: ℓ = 1, 4, 7, ...), where they
-are WeightFormer's :class:`~vitmix.models.weightformer.DynamicDepthwiseConv` and
-:class:`~vitmix.models.weightformer.DynamicLinear` (reused, not copied). Like the official code every
+are WeightFormer's :class:`~vitmix.models._blocks.DynamicDepthwiseConv` and
+:class:`~vitmix.models._blocks.DynamicLinear` (reused, not copied). Like the official code every
 block first overwrites the residual stream with ``LN₁(x)`` (``norm_residual=True``), so its blocks are not
 the identity at the adaLN-Zero init (the output still is 0); ``norm_residual=False`` gives the pre-norm
 ``x += gate₁ · DWConv(modulate(LN₁(x)))`` instead.
@@ -73,8 +73,7 @@ from torch import Tensor, nn
 
 from .. import mixers
 from ._builder import model_cfg
-from .factory import _number_layers
-from .weightformer import DynamicDepthwiseConv, _grid_view, _Mlp, _to_tokens, is_dynamic_block
+from ._blocks import DynamicDepthwiseConv, WeightFormerMlp, grid_view, is_dynamic_block, to_tokens
 
 __all__ = ["DiT", "DiTBlock", "FinalLayer", "LabelEmbedder", "TimestepEmbedder", "WeightFormerDiT",
            "WeightFormerDiTBlock", "model_task", "modulate"]
@@ -192,7 +191,7 @@ class WeightFormerDiTBlock(nn.Module):
         else:
             self.dwconv = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.norm2 = _affine_free_norm(dim)
-        self.mlp = _Mlp(dim, int(dim * mlp_ratio), dynamic, _tanh_gelu, 0.0, odd_pool, linear_path)
+        self.mlp = WeightFormerMlp(dim, int(dim * mlp_ratio), dynamic, _tanh_gelu, 0.0, odd_pool, linear_path)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
 
     def forward(self, x: Tensor, c: Tensor, hw: Tuple[int, int]) -> Tensor:
@@ -202,7 +201,7 @@ class WeightFormerDiTBlock(nn.Module):
             h = modulate(x, shift1, scale1)
         else:
             h = modulate(self.norm1(x), shift1, scale1)
-        x = x + gate1.unsqueeze(1) * _to_tokens(self.dwconv(_grid_view(h.contiguous(), hw)))
+        x = x + gate1.unsqueeze(1) * to_tokens(self.dwconv(grid_view(h.contiguous(), hw)))
         return x + gate2.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift2, scale2), hw)
 
 
@@ -257,7 +256,7 @@ class DiT(nn.Module):
             for i in range(depth)])
         self.final_layer = FinalLayer(embed_dim, patch_size, self.out_chans)
         self.initialize_weights()
-        _number_layers(self)
+        mixers.number_layers(self)
 
     def make_block(self, index: int, depth: int, dim: int, num_heads: int, mlp_ratio: float,
                    grid: Tuple[int, int], mixer: Optional[str], mixer_options: Optional[dict]) -> nn.Module:

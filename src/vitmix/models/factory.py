@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from typing import Optional
 
 import timm
 import torch
 from torch import nn
 
-from ..mixers import TokenMixer
+from ..mixers import TokenMixer, number_layers
 from ..mixers.base import close_matches
 from ._builder import mixer_attn_layer
 from .vit import bind_token_grid
@@ -108,15 +109,32 @@ def create_model(name: str, pretrained: bool = False, *, mixer: Optional[str] = 
     try:
         model = timm.create_model(name, pretrained=pretrained, **kwargs)
     except TypeError as err:  # an option the architecture does not take
-        raise ValueError(f"cannot build {name!r}: {err}") from None
+        raise ValueError(f"cannot build {name!r}: {err}{_option_suggestion(err)}".replace("' Did", "'. Did")) from None
     _finish(model, name, kwargs)
     return model
+
+
+def _option_suggestion(err: TypeError) -> str:
+    """Close matches for a misspelt model option, from the signature of the class that refused it
+    (Python names it, ``VisionTransformer.__init__() got an unexpected keyword argument 'dept'``;
+    the class object is found among the locals of the frames that built it)."""
+    found = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(err))
+    if not found:
+        return ""
+    cls_name, option = found.groups()
+    tb = err.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            if isinstance(value, type) and value.__name__ == cls_name:
+                return close_matches(option, inspect.signature(value.__init__).parameters)
+        tb = tb.tb_next
+    return ""
 
 
 def _finish(model: nn.Module, name: str, kwargs: dict) -> None:
     """What every vitmix-built model gets after timm builds it (each step is idempotent)."""
     _check_patch_grid(model, name)
-    _number_layers(model)
+    number_layers(model)
     _materialize_lazy(model, kwargs)
 
 
@@ -137,18 +155,6 @@ def _materialize_lazy(model: nn.Module, kwargs: dict) -> None:
         else:
             model.eval()(torch.zeros(1, kwargs.get("in_chans", 3), *size))
     model.train(was_training)
-
-
-def _number_layers(model: nn.Module) -> None:
-    """Give depth-aware mixers (e.g. Fibottention's per-layer head shuffle) their block index.
-
-    timm's ``Block`` does not pass its depth to ``attn_layer``; mixers that expose an unassigned
-    ``layer_idx`` get the index of their block, counted over all vitmix mixers in module order.
-    """
-    mixers = [m for m in model.modules() if isinstance(m, TokenMixer)]
-    for index, mixer in enumerate(mixers):
-        if hasattr(mixer, "layer_idx") and mixer.layer_idx is None:
-            mixer.layer_idx = index
 
 
 def _check_patch_grid(model: nn.Module, name: str) -> None:

@@ -663,3 +663,30 @@ def laplacianformer_large(pretrained=False, **kwargs) -> PyramidTransformer:
 def laplacianformer_huge(pretrained=False, **kwargs) -> PyramidTransformer:
     """LaplacianFormer-Huge (vitmix sizing: ≈15.5 G MACs at 224², as the paper reports)."""
     return _laplacian("laplacianformer_huge", "huge", pretrained, **kwargs)
+
+
+# Nano pyramids for dense prediction on a CPU (fashion-scenes at 128²–256², docs/dense.md): a quarter
+# of Tiny's widths, head dim 16, one block per stage and two in stage 3. vitmix's own sizing.
+_NANO_ARCH = dict(depths=(1, 1, 2, 1), embed_dims=(16, 32, 80, 128), num_heads=(1, 2, 5, 8))
+_NANO_CFG = dict(input_size=(3, 128, 128), num_classes=10)
+default_cfgs.update(generate_default_cfgs(
+    {f"{family}_nano.untrained": _cfg(**_NANO_CFG) for family in ("soft", "soft_norm", "laplacianformer")}))
+
+
+@register_model
+def soft_nano(pretrained=False, **kwargs) -> PyramidTransformer:
+    """SOFT-Nano (vitmix sizing for dense tasks: widths 16/32/80/128, depths 1/1/2/1, 10 classes)."""
+    return _create("soft_nano", pretrained, _NANO_ARCH, dict(mixer="soft"), **kwargs)
+
+
+@register_model
+def soft_norm_nano(pretrained=False, **kwargs) -> PyramidTransformer:
+    """SOFT-Norm-Nano (``soft_nano``'s shapes with the normalised SOFT mixer)."""
+    return _create("soft_norm_nano", pretrained, _NANO_ARCH, dict(mixer="soft_norm"), **kwargs)
+
+
+@register_model
+def laplacianformer_nano(pretrained=False, **kwargs) -> PyramidTransformer:
+    """LaplacianFormer-Nano (``soft_nano``'s shapes, the Laplacian mixer in all four stages)."""
+    defaults = dict(mixer="laplacian", kernel_stages=4, post_norm=False)
+    return _create("laplacianformer_nano", pretrained, _NANO_ARCH, defaults, **kwargs)

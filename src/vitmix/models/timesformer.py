@@ -25,7 +25,7 @@ from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
-from ..mixers import TokenMixer
+from ..mixers import number_layers
 from ._builder import init_linear_and_norm, mixer_attn_layer, model_cfg
 
 __all__ = ["TimeSformer", "DividedSpaceTimeBlock", "is_video_model"]
@@ -227,21 +227,11 @@ class TimeSformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _number_mixers(model: nn.Module) -> nn.Module:
-    """Depth-aware mixers (Fibottention's per-layer head shuffle) get their index in module order:
-    block 0 time, block 0 space, block 1 time, ..."""
-    mixers = [m for m in model.modules() if isinstance(m, TokenMixer) and hasattr(m, "layer_idx")]
-    for index, mixer in enumerate(mixers):
-        if mixer.layer_idx is None:
-            mixer.layer_idx = index
-    return model
-
-
 def _create(variant: str, pretrained: bool, **kwargs) -> TimeSformer:
     if pretrained:
         raise ValueError(f"{variant} has no pretrained weights; train one with "
                          "`vitmix train --data moving-fashion-mnist`")
-    return _number_mixers(build_model_with_cfg(TimeSformer, variant, pretrained, **kwargs))
+    return number_layers(build_model_with_cfg(TimeSformer, variant, pretrained, **kwargs))
 
 
 def _video(fn):

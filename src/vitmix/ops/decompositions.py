@@ -33,7 +33,11 @@ from typing import Callable, Dict
 import torch
 
 from .._lazy import call_after_import
-from . import dynamic, kernels, newton, sparse_diagonal
+from . import diagonal, dynamic, kernel, newton  # noqa: F401  (importing them registers the custom ops)
+from .diagonal.pytorch import _diagonal_decomposition
+from .dynamic.pytorch import dynamic_depthwise_conv2d_taps
+from .kernel.pytorch import _gaussian_decomposition, _laplacian_decomposition
+from .newton.pytorch import _newton_decomposition
 
 __all__ = ["export_decompositions", "register_torchscript_onnx_symbolics"]
 
@@ -42,11 +46,11 @@ def export_decompositions() -> Dict[torch._ops.OpOverload, Callable]:
     """``{op: decomposition}`` for every forward custom op of :mod:`vitmix.ops` (a new dict each call)."""
     ops = torch.ops.vitmix
     return {
-        ops.gaussian_kernel.default: kernels._gaussian_decomposition,
-        ops.laplacian_kernel.default: kernels._laplacian_decomposition,
-        ops.newton_schulz_inverse.default: newton._newton_decomposition,
-        ops.sparse_diagonal_attention.default: sparse_diagonal._diagonal_decomposition,
-        ops.dynamic_depthwise_conv2d.default: dynamic.dynamic_depthwise_conv2d_taps,
+        ops.gaussian_kernel.default: _gaussian_decomposition,
+        ops.laplacian_kernel.default: _laplacian_decomposition,
+        ops.newton_schulz_inverse.default: _newton_decomposition,
+        ops.sparse_diagonal_attention.default: _diagonal_decomposition,
+        ops.dynamic_depthwise_conv2d.default: dynamic_depthwise_conv2d_taps,
     }
 
 

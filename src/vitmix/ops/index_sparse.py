@@ -4,7 +4,7 @@ Head ``h`` of a patch query scores the patch keys of its row of an ``index`` (pa
 positions, ``-1`` marks an empty slot) and every prefix (CLS/register) key; prefix queries attend to
 all keys. Consecutive queries may share one row (``query_block``), as in block-sparse patterns;
 ``query_block=1`` gives every query its own list. This is the general form of patterns such as
-BigBird's random blocks, which are not diagonals and so do not fit :mod:`vitmix.ops.sparse_diagonal`.
+BigBird's random blocks, which are not diagonals and so do not fit :mod:`vitmix.ops.diagonal`.
 Two implementations:
 
 - :func:`index_sparse_attention` — the sparse path: each patch query scores only its ``P + M``

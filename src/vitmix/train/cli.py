@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-from ..configs import resolve_config
-from .config import TrainConfig, load_yaml, parse_key_values
+from ..runs import flags
+from .config import TrainConfig
 
 _HELP = {
     "model": "model name (see `vitmix models`)",
@@ -72,37 +71,17 @@ def add_parser(sub) -> None:
     e.set_defaults(func=run_eval)
 
 
+#: fields whose default (``None``) does not tell the flag's type
+_INT = ("img_size", "num_frames", "max_steps", "train_subset", "lr_base_batch")
+
+
 def add_config_flags(p: argparse.ArgumentParser, exclude=()) -> None:
     """``--config`` plus one flag per :class:`TrainConfig` field (not those in ``exclude``), and the
     repeatable ``-M``/``--model-option`` KEY=VALUE options; read back with :func:`config_from_args`."""
     p.add_argument("--config", "-c", help="YAML file of config values, or the name of a shipped recipe (digits, "
                                           "fashion-mnist, ...); flags given on the command line override it")
-    defaults = TrainConfig()
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in ("mixer_options", "model_options") or f.name in exclude:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
-        aliases = TIMM_ALIASES.get(f.name, ())
-        if isinstance(default, bool):
-            if default:   # on by default: the flag turns it off
-                p.add_argument("--no-" + flag[2:], *aliases, dest=f.name, action="store_false", default=None,
-                               help=_HELP.get(f.name))
-            else:
-                p.add_argument(flag, *aliases, action="store_true", default=None, help=_HELP.get(f.name))
-            continue
-        kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("img_size", "num_frames", "max_steps", "workers", "seed", "epochs", "batch_size", "train_subset",
-                      "lr_base_batch", "accum_steps", "keep_top_k"):
-            kind = int
-        if f.name in ("clip_grad", "ema_decay"):
-            kind = float
-        p.add_argument(flag, *aliases, type=kind, default=None, metavar=f.name.upper(),
-                       help=f"{_HELP.get(f.name, f.name.replace('_', ' '))} (default: {default})")
-    p.add_argument("--mixer-option", "-M", action="append", metavar="KEY=VALUE",
-                   help="mixer option, repeatable (e.g. -M num_landmarks=16)")
-    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                   help="model constructor option, repeatable (e.g. --model-option depth=4)")
+    flags.add_field_flags(p, TrainConfig, _HELP, ints=_INT, floats=("clip_grad", "ema_decay"), exclude=exclude,
+                          aliases=TIMM_ALIASES)
     add_timm_flags(p, exclude)
 
 
@@ -183,24 +162,13 @@ def config_from_args(args: argparse.Namespace, config_cls=TrainConfig):
     that would change the run is refused by the runner). ``config_cls``: any :class:`YamlConfig`
     dataclass whose fields are the flags (``vitmix generate train`` passes its own); an optional
     field given as 0 (``--clip-grad 0``, ``--ema-decay 0``) means off."""
-    resume, out = getattr(args, "resume", None), getattr(args, "out", None)
-    saved = Path(out or "", "config.yaml")
-    values = load_yaml(saved) if resume and out and saved.is_file() else {}
-    values.update(load_yaml(resolve_config(args.config)) if args.config else {})
-    for name in config_cls.field_names():
-        value = getattr(args, name, None)
-        if value is not None:
-            values[name] = value
-    if args.mixer_option:
-        values["mixer_options"] = {**values.get("mixer_options", {}), **parse_key_values(args.mixer_option)}
-    if args.model_option:
-        values["model_options"] = {**values.get("model_options", {}), **parse_key_values(args.model_option)}
+    return flags.config_from_args(args, config_cls, adjust=_timm_model_ema)
+
+
+def _timm_model_ema(values: dict, args: argparse.Namespace) -> None:
+    """timm's ``--model-ema`` without ``--model-ema-decay``: its default decay."""
     if getattr(args, "model_ema", None) and values.get("ema_decay") is None:
         values["ema_decay"] = TIMM_EMA_DECAY
-    for name in ("clip_grad", "ema_decay"):
-        if values.get(name) == 0:
-            values[name] = None
-    return config_cls.from_dict(values)
 
 
 def run_train(args) -> int:

@@ -13,6 +13,7 @@ from timm.layers import DropPath
 from torch import nn
 
 from ..data.sampling import sample_uniform
+from ..runs.device import parse_device
 
 
 @dataclass
@@ -29,24 +30,6 @@ class DistInfo:
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
-
-
-def parse_device(device: str | None) -> torch.device:
-    """``None`` → CUDA when available, else CPU; a device that does not exist here is a one-line error."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"--device {device!r} is not a device name; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA GPU is usable here (torch.cuda.is_available() is False); "
-                         "use --device cpu")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {device!r}: vitmix trains on cpu or cuda")
-    return dev
 
 
 def init_distributed(device: str | None = None) -> DistInfo:

@@ -6,9 +6,7 @@ import importlib.util
 import io
 import json
 import random
-import shutil
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -24,15 +22,15 @@ from torch import nn
 from .._util import table_columns
 from ..data import build_datasets, build_loaders, is_video_dataset
 from ..data.sampling import GlobalBatchSampler, SeededSamples, ShardSampler
-from ..models import create_model
-from ..models.timesformer import is_video_model
-from .checkpoint import (
-    file_digest, load_into, load_state, load_weights, remove_stray_temporaries, save_state, save_text, save_weights,
-    unwrap,
+from ..runs import (
+    ABORTED, Trainable, abort_message, build_classifier, check_resumable as _check_resumable, clear_aborted,
+    load_checkpoint, model_meta, prepare_run_dir as _prepare_run_dir, resume_run, rng_state, save_manifest,
+    save_metrics, save_run_config, save_text, save_weights, seeded_subset, set_rng_state, unwrap,
 )
+from ..runs import load_model, resolve_checkpoint  # noqa: F401  (re-exported: vitmix.train.runner.load_model)
 from .compiled import CompiledWithFallback
 from .config import TrainConfig
-from .distributed import DistInfo, cleanup, init_distributed, key_drop_path, parse_device
+from .distributed import DistInfo, cleanup, init_distributed, key_drop_path
 from .engine import AMP_DTYPES, Recipe, evaluate, train_one_epoch
 from .plots import plot_curves
 
@@ -44,8 +42,10 @@ RESUME_MAY_CHANGE = ("out", "resume", "device", "workers", "epochs", "max_steps"
 #: The user-facing files of one checkpoint set; ``state.pt``, written last, records their digests
 #: and holds everything a resume needs, so it is the manifest that decides which set is complete.
 CHECKPOINT_FILES = ("best.safetensors", "metrics.jsonl", "metrics.csv", "ema.safetensors", "last.safetensors")
-#: Written into the run directory when the loss became non-finite (see ``_check_replaceable``).
-ABORTED = "aborted.json"
+
+__all__ = ["ABORTED", "CHECKPOINT_FILES", "RESUME_MAY_CHANGE", "build_model", "check_resumable", "default_img_size",
+           "evaluate_checkpoint", "load_model", "prepare_run_dir", "resolve_checkpoint", "rng_state",
+           "seed_everything", "set_rng_state", "train", "world_loaders"]
 
 
 def seed_everything(seed: int, rank: int = 0) -> None:
@@ -58,49 +58,10 @@ def seed_everything(seed: int, rank: int = 0) -> None:
     torch.manual_seed(seed + rank)
 
 
-def rng_state(loader) -> dict:
-    """Every random stream a resumed run must continue: torch (CPU, CUDA), Python, NumPy (timm's
-    mixup) and the train loader's generator. NumPy's array is stored as a tensor so that
-    ``torch.load(weights_only=True)`` reads it back."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
-             "loader": loader.generator.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state, loader) -> None:
-    """Restore what :func:`rng_state` captured (a bare tensor: the torch state of older runs)."""
-    if isinstance(state, torch.Tensor):
-        torch.set_rng_state(state)
-        return
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    loader.generator.set_state(state["loader"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def check_resumable(cfg: TrainConfig, run_dir: Path) -> None:
     """``--resume`` continues the run in ``run_dir`` as it was configured: a flag that would change
     the model, mixer, data or recipe is a one-line ``ValueError`` naming it."""
-    saved_path = run_dir / "config.yaml"
-    if not saved_path.is_file():
-        raise FileNotFoundError(f"--resume: {saved_path} does not exist, so {run_dir} holds no run to resume; "
-                                "drop --resume to start a new run there")
-    saved = TrainConfig.load(saved_path)
-    for name in TrainConfig.field_names():
-        mine, theirs = getattr(cfg, name), getattr(saved, name)
-        if name not in RESUME_MAY_CHANGE and mine != theirs:
-            flag = {"mixer_options": "--mixer-option", "model_options": "--model-option"}.get(
-                name, "--" + name.replace("_", "-"))
-            raise ValueError(f"--resume: {flag} {mine!r} differs from the run's {theirs!r} ({saved_path}); a resumed "
-                             f"run keeps its config (only {', '.join(RESUME_MAY_CHANGE[2:])} may change): drop the "
-                             "flag or train into a new --out")
+    _check_resumable(cfg, run_dir, TrainConfig, RESUME_MAY_CHANGE)
 
 
 def default_img_size(model_name: str) -> int:
@@ -115,47 +76,23 @@ def default_img_size(model_name: str) -> int:
 def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int,
                 num_frames: Optional[int] = None) -> nn.Module:
     """The classifier of ``cfg``; ``num_frames``: clip length of video data (``None`` for images)."""
-    kwargs = dict(cfg.model_options, num_classes=num_classes, in_chans=in_chans, img_size=img_size)
-    if is_video_model(cfg.model) != (num_frames is not None):
-        raise ValueError(f"{cfg.model} takes video clips: train it on --data moving-fashion-mnist or clipfolder"
-                         if num_frames is None else f"--data {cfg.data} holds video clips, which {cfg.model} does not "
-                         "take: use a video model such as timesformer_tiny (see `vitmix models timesformer`)")
-    if num_frames is not None:
-        kwargs["num_frames"] = num_frames
-    if cfg.drop_path:
-        kwargs["drop_path_rate"] = cfg.drop_path
-    model = create_model(cfg.model, mixer=cfg.mixer, mixer_options=cfg.mixer_options or None, **kwargs)
-    task = getattr(model, "task", "classification")
-    if task != "classification":      # before the run directory exists: nothing is left behind
-        raise ValueError(f"{cfg.model} is a {task} model, not a classifier; train it with "
-                         f"`vitmix generate train --model {cfg.model}`")
-    return model
+    return build_classifier(cfg.model, num_classes, in_chans, img_size, num_frames, mixer=cfg.mixer,
+                            mixer_options=cfg.mixer_options, model_options=cfg.model_options,
+                            drop_path=cfg.drop_path, data=cfg.data)
 
 
 def _subset(train_set, size: Optional[int], seed: int):
     """A fixed, seeded random subset of ``size`` training images (the whole set when ``size`` is None)."""
-    if size is None:
-        return train_set
-    if not 0 < size <= len(train_set):
-        raise ValueError(f"--train-subset {size} must be between 1 and the {len(train_set)} training images")
-    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(seed))
-    return torch.utils.data.Subset(train_set, order[:size].tolist())
-
-
-def _run_dir(cfg: TrainConfig) -> Path:
-    if cfg.out:
-        return Path(cfg.out)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}"
+    order = seeded_subset(len(train_set), size, seed)
+    return train_set if order is None else torch.utils.data.Subset(train_set, order.tolist())
 
 
 def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
     """What a checkpoint records to rebuild its model, and the epoch's ``epoch``/``val_acc``."""
     video = {} if data_info.num_frames is None else {"num_frames": data_info.num_frames}
-    return {"model": cfg.model, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
-            "model_options": cfg.model_options, "img_size": img_size, "num_classes": data_info.num_classes,
+    return {**model_meta(cfg), "img_size": img_size, "num_classes": data_info.num_classes,
             "in_chans": data_info.in_chans, "data": cfg.data, "epoch": metrics["epoch"], "val_acc": metrics["val_acc"],
-            **video}
+            **video, **({"data_dir": str(cfg.data_dir)} if cfg.data_dir else {})}
 
 
 def _rate_unit(data: str) -> str:
@@ -259,56 +196,7 @@ def check_video_recipe(cfg: TrainConfig, data_info) -> None:
 
 def prepare_run_dir(cfg: TrainConfig) -> Path:
     """The run directory, checked: a new run never lands on an existing one, a resume needs one."""
-    run_dir = _run_dir(cfg)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"--out {run_dir} is a file; give a directory for the run")
-    if cfg.resume:
-        if not cfg.out:
-            raise ValueError("--resume needs --out RUN_DIR: the run directory to continue")
-        check_resumable(cfg, run_dir)
-    elif (run_dir / "config.yaml").exists():
-        _check_replaceable(run_dir)
-    elif run_dir.is_dir() and any(run_dir.iterdir()):
-        first = sorted(p.name for p in run_dir.iterdir())[0]
-        raise ValueError(f"--out {run_dir} is a non-empty directory that holds no vitmix run (it has {first}); "
-                         "give a new or empty directory, so that no file of yours is overwritten")
-    return run_dir
-
-
-def _check_replaceable(run_dir: Path) -> None:
-    """A new run may take the place of a run that stopped with a non-finite loss before finishing
-    an epoch (nothing of it is worth keeping: the retry with a lower ``--lr`` goes to the same
-    ``--out``); any other run is refused."""
-    aborted = (run_dir / ABORTED).is_file()
-    if aborted and not (run_dir / "state.pt").is_file():
-        return
-    if aborted:
-        raise ValueError(f"{run_dir} holds a run that stopped with a non-finite loss and keeps the checkpoints of "
-                         "its finished epochs: train the retry into another --out (or delete the directory)")
-    raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-
-
-def _clear_aborted(run_dir: Path) -> None:
-    """Before a run writes into ``run_dir``: forget an earlier abort, and what an aborted run that
-    finished no epoch left (its TensorBoard log, temporaries) when this run replaces it."""
-    marker = run_dir / ABORTED
-    if not marker.is_file():
-        return
-    if not (run_dir / "state.pt").is_file():
-        shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
-        remove_stray_temporaries(run_dir)
-    marker.unlink()
-
-
-def _abort_message(run_dir: Path, err: FloatingPointError, is_main: bool) -> str:
-    """Record a non-finite loss in ``run_dir`` (so that a retry may replace a run without a finished
-    epoch) and say what the retry can do."""
-    if is_main:
-        save_text(run_dir / ABORTED, json.dumps({"reason": str(err)}) + "\n")
-    if (run_dir / "state.pt").is_file():
-        return (f"{err}; {run_dir} keeps the checkpoints of its finished epochs, so train the retry into another "
-                "--out")
-    return f"{err}; {run_dir} finished no epoch, so the retry may use the same --out"
+    return _prepare_run_dir(cfg, TrainConfig, RESUME_MAY_CHANGE, f"{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}")
 
 
 def world_loaders(train_set, val_set, cfg: TrainConfig, info: DistInfo):
@@ -361,9 +249,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     n_params = sum(p.numel() for p in unwrap(model).parameters())
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _clear_aborted(run_dir)
-        resolved = f"# resolved: img_size={img_size} world_size={info.world_size}\n"
-        save_text(run_dir / "config.yaml", cfg.to_yaml() + resolved)
+        clear_aborted(run_dir)
+        save_run_config(run_dir, cfg, f"img_size={img_size} world_size={info.world_size}")
     log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
         f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {_plural(cfg.epochs, 'epoch')}, "
         f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
@@ -375,7 +262,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
                                 (start_epoch, step, best_acc, history), lambda m: _meta(cfg, img_size, data_info, m),
                                 log, on_epoch)
     except FloatingPointError as err:
-        raise FloatingPointError(_abort_message(run_dir, err, info.is_main)) from None
+        raise FloatingPointError(abort_message(run_dir, err, info.is_main)) from None
     except KeyboardInterrupt:      # the last finished epoch is on disk: say how to go on from it
         raise KeyboardInterrupt(f"continue with `vitmix train --out {run_dir} --resume`") from None
     return _finish(cfg, run_dir, history, n_params, step, time.perf_counter() - t0, info.is_main, log)
@@ -451,23 +338,17 @@ def _save_epoch(run_dir, model, r, loader, history, step, best_acc, meta) -> Non
     if meta["val_acc"] > best_acc:
         save_weights(model, run_dir / "best.safetensors", meta)
     top = _update_top_k(run_dir, model, history, meta, r.keep_top_k)
-    save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+    save_metrics(run_dir, history)
     save_text(run_dir / "metrics.csv", metrics_csv(history))
     if r.ema is not None:
         save_weights(r.ema.module, run_dir / "ema.safetensors", dict(meta, val_acc=history[-1]["val_acc_ema"]))
     save_weights(model, run_dir / "last.safetensors", meta)
-    extra = {}
-    if r.ema is not None:
-        extra["ema"] = {k: v.detach().cpu() for k, v in r.ema.module.state_dict().items()}
-    if r.scaler is not None:
-        extra["scaler"] = r.scaler.state_dict()
-    save_state(run_dir / "state.pt", {
-        **extra, "model": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
-        "optimizer": r.optimizer.state_dict(), "epoch": meta["epoch"], "step": step,
-        "best_acc": max(best_acc, meta["val_acc"]), "history": history, "rng": rng_state(loader),
-        "files": {name: file_digest(run_dir / name)
-                  for name in (*CHECKPOINT_FILES, *top) if (run_dir / name).is_file()},
-    })
+    save_manifest(run_dir, _trainable(model, r, loader), meta["epoch"], step, history, (*CHECKPOINT_FILES, *top),
+                  best_acc=max(best_acc, meta["val_acc"]))
+
+
+def _trainable(model, r: Recipe, loader) -> Trainable:
+    return Trainable(model, r.optimizer, ema=r.ema, scaler=r.scaler, loader=loader)
 
 
 def _update_top_k(run_dir: Path, model, history, meta, k: int) -> list:
@@ -487,89 +368,25 @@ def _update_top_k(run_dir: Path, model, history, meta, k: int) -> list:
 
 
 def _resume(run_dir, model, r, loader, is_main, log, meta_for):
-    """Load the last complete checkpoint set; files newer than its manifest (a run killed while
-    writing the next set) are ignored with one warning line and rewritten from it."""
-    removed = remove_stray_temporaries(run_dir) if is_main else 0
-    if removed:
-        log(f"warning: removed {removed} temporary file(s) an interrupted write left in {run_dir}")
-    if not (run_dir / "state.pt").is_file():              # killed before its first checkpoint
-        log(f"warning: {run_dir} has no complete checkpoint yet; starting the run from the beginning")
-        return 0, 0, -1.0, []
-    state = load_state(run_dir / "state.pt")
-    weights = state.get("model")
-    if weights is None:                                   # runs written before the manifest existed
-        weights, _ = load_weights(run_dir / "last.safetensors")
-    load_into(model, weights, f"{run_dir}/state.pt")
-    r.optimizer.load_state_dict(state["optimizer"])
-    if r.ema is not None:
-        if "ema" not in state:
-            raise ValueError(f"--resume: {run_dir} was trained without --ema-decay; it cannot resume with it")
-        r.ema.module.load_state_dict(state["ema"])
-    if r.scaler is not None and "scaler" in state:
-        r.scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"], loader)
-    epoch, step, best_acc = int(state["epoch"]), int(state["step"]), float(state["best_acc"])
-    history = state.get("history")
-    if history is None:
-        history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    history = list(history[:epoch])
-    files = state.get("files", {})
-    stale = [n for n, digest in files.items() if not (run_dir / n).is_file() or file_digest(run_dir / n) != digest]
-    for path in (run_dir / "top").glob("epoch-*.safetensors") if is_main else ():
-        if f"top/{path.name}" not in files:           # written for an epoch that never completed
-            path.unlink()
-            stale.append(f"top/{path.name}")
-    if stale and is_main:
-        log(f"warning: ignoring the partial checkpoint set of an interrupted epoch ({', '.join(stale)}); "
-            f"resuming from the complete set of epoch {epoch} in {run_dir}/state.pt")
-        save_text(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+    """Load the last complete checkpoint set (see :func:`vitmix.runs.resume_run`): ``(epoch, step,
+    best_acc, history)``; a partial set of an interrupted epoch is rewritten from it."""
+    def rewrite(history):
         if history:
             save_weights(model, run_dir / "last.safetensors", meta_for(history[-1]))
-    return epoch, step, best_acc, history
+
+    done = resume_run(run_dir, _trainable(model, r, loader), log, rewrite, is_main)
+    return done.epoch, done.step, float(done.state.get("best_acc", -1.0)), done.history
 
 
-def resolve_checkpoint(path) -> Path:
-    """A checkpoint file, or a run directory (its ``best.safetensors``)."""
-    path = Path(path)
-    if path.is_dir():
-        for name in ("best.safetensors", "last.safetensors"):
-            if (path / name).is_file():
-                return path / name
-        raise FileNotFoundError(f"{path} is a directory without best.safetensors or last.safetensors")
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return path
-
-
-def load_model(checkpoint, device: Optional[str] = None) -> nn.Module:
-    """The model of a vitmix checkpoint file or run directory, rebuilt from the checkpoint's own
-    metadata (model, mixer and its options, classes, channels, image size) and put in eval mode.
-
-    >>> model = vitmix.load_model("runs/my-run")          # doctest: +SKIP  (its best.safetensors)
-    """
-    model, _, _ = _load_checkpoint(checkpoint, device)
-    return model
-
-
-def _load_checkpoint(checkpoint, device):
-    path = resolve_checkpoint(checkpoint)
-    state, meta = load_weights(path)
-    missing = [k for k in ("model", "num_classes", "in_chans", "img_size") if k not in meta]
-    if missing:
-        raise ValueError(f"{path} has no vitmix metadata ({', '.join(missing)} missing); was it written by "
-                         "vitmix train? Build the model yourself and load it with load_into")
-    cfg = TrainConfig(model=meta["model"], mixer=meta.get("mixer"), mixer_options=meta.get("mixer_options") or {},
-                      model_options=meta.get("model_options") or {})
-    dev = parse_device(device)
-    model = build_model(cfg, meta["num_classes"], meta["in_chans"], int(meta["img_size"]), meta.get("num_frames"))
-    load_into(model, state, str(path))
-    return model.to(dev).eval(), meta, path
+_load_checkpoint = load_checkpoint   # the name robustness.py and the tests patch
 
 
 def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Optional[str] = None,
                         batch_size: int = 128, device: Optional[str] = None, amp: bool = False) -> dict:
     """Rebuild the model recorded in a vitmix checkpoint and measure it on ``data``'s validation split."""
     model, meta, path = _load_checkpoint(checkpoint, device)
+    if data is None and data_dir is None:   # the data it was trained on, from the folder it was read from
+        data_dir = meta.get("data_dir")
     data = data or meta.get("data")
     _, val_set, data_info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False,
                                            num_frames=meta.get("num_frames"))

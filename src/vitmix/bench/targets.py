@@ -1,0 +1,161 @@
+"""What a sweep measures: mixer specs and model names parsed and checked, and the settings validated
+up front (``ValueError`` with close matches), so a sweep never fails half way through on a typo."""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from .._util import close_matches
+from ..runs.device import default_device
+from .config import PASSES, BenchConfig, Target
+
+#: ``--dtype`` → the autocast dtype (fp32: none)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_mixer_spec(spec: str) -> Target:
+    """``"softmax:fused=false"`` → ``Target(label, "softmax", {"fused": False})``."""
+    parts = [p.strip() for p in spec.strip().split(":") if p.strip()]
+    if not parts:
+        raise ValueError("empty mixer name in --mixers")
+    options = {}
+    for part in parts[1:]:
+        if "=" not in part:
+            raise ValueError(f"mixer option {part!r} in {spec!r} is not key=value (e.g. softmax:fused=false)")
+        key, value = part.split("=", 1)
+        options[key.strip()] = _parse_value(value.strip())
+    return Target(label=":".join(parts), name=parts[0], options=options)
+
+
+def resolve_targets(config: BenchConfig) -> List[Target]:
+    """Validate the names (``ValueError`` with close matches) and add the softmax baseline."""
+    from ..mixers import get_mixer_class, list_mixers
+
+    names = [n.strip() for n in config.names if n.strip()]
+    if not names:
+        raise ValueError(f"no {config.kind} given")
+    targets: List[Target] = []
+    if config.kind == "mixers":
+        if "all" in names:  # "all" expands in place; other specs (e.g. softmax:fused=false) stay
+            i = names.index("all")
+            names = names[:i] + [m for m in list_mixers() if m not in names] + names[i + 1:]
+        for spec in names:
+            target = parse_mixer_spec(spec)
+            cls = get_mixer_class(target.name)  # ValueError with close matches
+            target.name = cls.mixer_name
+            valid = cls.option_names()
+            for key in target.options:
+                if key not in valid:
+                    raise ValueError(f"mixer {target.name!r} has no option {key!r}."
+                                     + close_matches(key, valid) + f" Options: {', '.join(valid)}")
+            targets.append(target)
+        if not any(t.name == "softmax" and not t.options for t in targets):
+            targets.insert(0, Target("softmax", "softmax", {}, baseline=True))
+        else:
+            for t in targets:
+                t.baseline = t.name == "softmax" and not t.options
+    elif config.kind == "models":
+        from ..models import list_models
+
+        known = set(list_models())
+        import timm
+
+        for name in names + [config.baseline_model]:
+            if name not in known and not timm.is_model(name):
+                raise ValueError(f"unknown model {name!r}." + close_matches(name, sorted(known), n=5)
+                                 + " See `vitmix models` for the list.")
+        for name in names:
+            targets.append(Target(name, name, {}, baseline=name == config.baseline_model))
+        if not any(t.baseline for t in targets):
+            targets.insert(0, Target(config.baseline_model, config.baseline_model, {}, baseline=True))
+    else:
+        raise ValueError(f"kind must be 'mixers' or 'models', got {config.kind!r}")
+    labels = [t.label for t in targets]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"duplicate names in {', '.join(labels)}")
+    return targets
+
+
+def validate(config: BenchConfig) -> None:
+    """Check every setting up front so a sweep never fails half way through on a typo."""
+    if config.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {config.dtype!r}." + close_matches(config.dtype, DTYPES)
+                         + f" Choose from {', '.join(DTYPES)}")
+    for p in config.passes:
+        if p not in PASSES:
+            raise ValueError(f"unknown pass {p!r}." + close_matches(p, PASSES) + f" Choose from {', '.join(PASSES)}")
+    if not config.passes:
+        raise ValueError("give at least one pass (fwd, fwd+bwd)")
+    if config.sizes is not None and (not config.sizes or any(int(s) <= 0 for s in config.sizes)):
+        raise ValueError(f"sizes must be positive integers, got {config.sizes}")
+    for key in ("batch", "dim", "heads"):
+        if int(getattr(config, key)) <= 0:
+            raise ValueError(f"{key} must be positive, got {getattr(config, key)}")
+    if config.kind == "mixers" and config.dim % config.heads:
+        raise ValueError(f"dim={config.dim} is not divisible by heads={config.heads}; "
+                         f"try dim={config.heads * max(1, round(config.dim / config.heads))}")
+    if config.threads is not None and config.threads < 1:
+        raise ValueError(f"threads must be >= 1, got {config.threads}")
+    if config.max_seconds <= 0:
+        raise ValueError(f"max_seconds must be positive, got {config.max_seconds}")
+    if config.min_run_time <= 0:
+        raise ValueError(f"min_run_time must be positive, got {config.min_run_time}")
+    if config.device not in ("auto", "cpu", "cuda") and not config.device.startswith("cuda:"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {config.device!r}")
+    if config.device.startswith("cuda"):
+        check_cuda_device(config.device)
+    if config.compile:
+        _check_compile_backend(config.compile_backend)
+
+
+def check_cuda_device(name: str, hint: str = "; use --device cpu") -> torch.device:
+    """The CUDA device ``name`` (``"cuda"`` or ``"cuda:i"``); ``ValueError`` (ending with ``hint``) when no
+    such device is visible."""
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but no CUDA device is visible "
+                         f"(torch.cuda.is_available() is False){hint}")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:i, got {name!r}") from None
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"device {name!r} requested but only {count} CUDA device(s) are visible")
+    return device
+
+
+def _check_compile_backend(name: str) -> None:
+    """``ValueError`` with close matches for a backend ``torch.compile`` does not know."""
+    from torch._dynamo import list_backends
+
+    backends = list_backends(exclude_tags=())
+    if name not in backends:
+        raise ValueError(f"unknown torch.compile backend {name!r}." + close_matches(name, backends)
+                         + " Common ones: inductor, aot_eager, eager")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` → CUDA when available, else CPU; any other name as ``torch.device``."""
+    if name == "auto":
+        return default_device()       # the rule every command shares (vitmix.runs.device)
+    return torch.device(name)
+
+
+__all__ = ["DTYPES", "check_cuda_device", "parse_mixer_spec", "resolve_device", "resolve_targets", "validate"]

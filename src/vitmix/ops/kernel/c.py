@@ -1,0 +1,230 @@
+"""The Laplacian kernel's L1 distance in C: the OpenMP source and its ctypes binding (private).
+
+CPU, float32/float64: compiled on first use in about a second and cached on disk
+(:mod:`vitmix.ops._cbuild`), so there is no compile-on-first-forward stall. One pass over the (token,
+landmark, channel) triples with the landmarks transposed to ``(d, M)`` in a per-item buffer so the
+inner loop vectorises over landmarks, the ``exp(-d/λ)`` fused into the forward; backward writes
+``grad_x`` and per-block partial sums of ``grad_y`` (no atomics, no ``N×M×d`` tensor). Gradients use
+``sign(0) = 0`` (the subgradient the official CUDA operator uses).
+
+:func:`c_library` says whether the kernel applies to given inputs; the PyTorch path
+(:mod:`vitmix.ops.kernel.pytorch`) runs otherwise (no compiler, ``VITMIX_DISABLE_C_KERNEL=1``, other
+devices, half inputs, tiny problems). ``BODY`` is written once with
+``TYPE``/``ITYPE``/``SFX``/``EXP``/``ABS`` placeholders and instantiated for float32 and float64.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Tuple
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from .._cbuild import CKernel
+
+_C_MIN_ELEMENTS = 1 << 12          # below this many N·M·d triples the PyTorch path's overhead is smaller
+
+HEADER = r"""/* L1 distance between token rows and landmark rows, forward and backward (Laplacian kernel).
+ *
+ * x (B, N, D) read through strides (XROW), y (B, M, D) and g (B, N, M) contiguous. Work items are
+ * (b, block of ROWS rows of x).
+ * Each item first copies its landmarks transposed, yt (D, M) in a private buffer (like the official
+ * CUDA operator's key layout): for a fixed token i and channel c the M landmarks are then one
+ * contiguous row, so the innermost loop runs over landmarks and vectorises without horizontal sums.
+ *   forward:  out[b,i,j] = sum_c |x[b,i,c] - y[b,j,c]|           (times neg_inv_lam and exp'd if asked)
+ *   backward: gx[b,i,c] =  sum_j g[b,i,j] sign(x[b,i,c] - y[b,j,c])    (sign(0) = 0, as the official CUDA)
+ *             part[item, j, c] = -sum_{i in item} g[b,i,j] sign(...)  (grad of y, accumulated in (D, M)
+ *                                                                    order and written back transposed;
+ *                                                                    summed over the items by the caller:
+ *                                                                    no two threads write the same memory)
+ * Plain C99 + OpenMP (sequential without it); no torch headers.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define JB 16
+/* x is read in place through strides xs = {heads H, batch stride, head stride, token stride} (unit
+ * channel stride): row i of slice b = (batch b / H, head b % H), e.g. q and k as views of the qkv
+ * projection, or broadcast (stride 0) landmarks, without a contiguous copy */
+#define XROW(x, xs, b, i) ((x) + ((b) / (xs)[0]) * (xs)[1] + ((b) % (xs)[0]) * (xs)[2] + (i) * (xs)[3])
+"""
+
+BODY = r"""
+typedef TYPE VEC_SFX __attribute__((vector_size(JB * sizeof(TYPE))));
+typedef ITYPE IVEC_SFX __attribute__((vector_size(JB * sizeof(TYPE))));
+#define ABSMASK_SFX ((IVEC_SFX){0} + (ITYPE)(~((UTYPE)1 << (8 * sizeof(TYPE) - 1))))
+static void transpose_SFX(const TYPE *y, TYPE *yt, int64_t M, int64_t D) {
+    for (int64_t j = 0; j < M; ++j)
+        for (int64_t c = 0; c < D; ++c) yt[c * M + j] = y[j * D + c];
+}
+
+void vitmix_l1_fwd_SFX(const TYPE *x, const int64_t *xs, const TYPE *y, TYPE *out, int64_t B, int64_t N,
+                       int64_t M, int64_t D, int64_t rows, double neg_inv_lam, int apply_exp, int nthreads) {
+    /* Landmarks in blocks of JB: the JB partial sums of one token stay in registers over all D
+     * channels (one load of yt per channel and block, no load/store of the output in the loop). */
+    const int64_t nblk = (N + rows - 1) / rows;
+    const int64_t Mp = (M + JB - 1) / JB * JB;
+    const TYPE scale = (TYPE)neg_inv_lam;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t item = 0; item < B * nblk; ++item) {
+        const int64_t b = item / nblk, i0 = (item % nblk) * rows;
+        const int64_t i1 = i0 + rows < N ? i0 + rows : N;
+        TYPE *yb = (TYPE *)calloc((size_t)(D * Mp), sizeof(TYPE));     /* (D, Mp), zero padding */
+        const TYPE *ysrc = y + b * M * D;
+        for (int64_t j = 0; j < M; ++j)
+            for (int64_t c = 0; c < D; ++c) yb[c * Mp + j] = ysrc[j * D + c];
+        for (int64_t i = i0; i < i1; ++i) {
+            const TYPE *xi = XROW(x, xs, b, i);
+            TYPE *o = out + (b * N + i) * M;
+            for (int64_t j0 = 0; j0 < Mp; j0 += JB) {
+                VEC_SFX acc = {0};
+                for (int64_t c = 0; c < D; ++c) {
+                    VEC_SFX yv;
+                    memcpy(&yv, yb + c * Mp + j0, sizeof yv);
+                    acc += (VEC_SFX)((IVEC_SFX)(xi[c] - yv) & ABSMASK_SFX);    /* |x - y|: clear the sign bit */
+                }
+                TYPE sums[JB];
+                memcpy(sums, &acc, sizeof sums);
+                const int64_t nj = M - j0 < JB ? M - j0 : JB;
+                for (int64_t jj = 0; jj < nj; ++jj) o[j0 + jj] = apply_exp ? EXP(sums[jj] * scale) : sums[jj];
+            }
+        }
+        free(yb);
+    }
+}
+
+void vitmix_l1_bwd_SFX(const TYPE *g, const TYPE *x, const int64_t *xs, const TYPE *y, TYPE *gx, TYPE *part,
+                       int64_t B, int64_t N, int64_t M, int64_t D, int64_t rows, int nthreads) {
+    const int64_t nblk = (N + rows - 1) / rows;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t item = 0; item < B * nblk; ++item) {
+        const int64_t b = item / nblk, i0 = (item % nblk) * rows;
+        const int64_t i1 = i0 + rows < N ? i0 + rows : N;
+        TYPE *yb = (TYPE *)malloc(sizeof(TYPE) * (size_t)(2 * D * M));
+        TYPE *py = yb + D * M;
+        transpose_SFX(y + b * M * D, yb, M, D);
+        memset(py, 0, sizeof(TYPE) * (size_t)(D * M));
+        for (int64_t i = i0; i < i1; ++i) {
+            const TYPE *xi = XROW(x, xs, b, i);
+            const TYPE *restrict gi = g + (b * N + i) * M;
+            TYPE *gxi = gx + (b * N + i) * D;
+            for (int64_t c = 0; c < D; ++c) {
+                const TYPE xv = xi[c];
+                const TYPE *restrict yc = yb + c * M;
+                TYPE *restrict pc = py + c * M;
+                TYPE acc = 0;
+                for (int64_t j = 0; j < M; ++j) {
+                    const TYPE w = gi[j] * (TYPE)((xv > yc[j]) - (xv < yc[j]));
+                    acc += w;
+                    pc[j] -= w;
+                }
+                gxi[c] = acc;
+            }
+        }
+        TYPE *out_part = part + item * M * D;       /* back to (M, D) */
+        for (int64_t j = 0; j < M; ++j)
+            for (int64_t c = 0; c < D; ++c) out_part[j * D + c] = py[c * M + j];
+        free(yb);
+    }
+}
+"""
+@functools.lru_cache(maxsize=None)
+def l1_c_source() -> str:
+    """The C source, ``BODY`` instantiated for float32 and float64 (built on first use)."""
+    parts = [HEADER]
+    for typ, ityp, sfx, exp, absf in (("float", "int32_t", "f32", "expf", "fabsf"),
+                                      ("double", "int64_t", "f64", "exp", "fabs")):
+        body = BODY.replace("UTYPE", "u" + ityp).replace("ITYPE", ityp).replace("TYPE", typ)
+        parts.append(body.replace("SFX", sfx).replace("EXP", exp).replace("ABS(", absf + "("))
+    return "".join(parts)
+
+
+def _declare(lib) -> None:
+    p, i64, dbl, cint = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
+    for sfx in ("f32", "f64"):
+        fwd = getattr(lib, f"vitmix_l1_fwd_{sfx}")
+        fwd.argtypes = [p] * 4 + [i64] * 5 + [dbl, cint, cint]
+        fwd.restype = None
+        bwd = getattr(lib, f"vitmix_l1_bwd_{sfx}")
+        bwd.argtypes = [p] * 6 + [i64] * 5 + [cint]
+        bwd.restype = None
+
+
+#: the compiled C kernel, built on first use
+L1_KERNEL = CKernel("l1_kernel", l1_c_source, _declare)
+
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def c_library(x: torch.Tensor, y: torch.Tensor):
+    """The C library when it applies to these inputs, else ``None``."""
+    if x.device.type != "cpu" or x.dtype not in _SUFFIX or y.dtype != x.dtype:
+        return None
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        # traced (fake tensors have no data) or observed (FlopCounterMode, MemTracker): the eager
+        # path is what those see and count
+        return None
+    batch = x.numel() // max(x.shape[-1] * x.shape[-2], 1)
+    if batch * x.shape[-2] * y.shape[-2] * x.shape[-1] < _C_MIN_ELEMENTS:
+        return None
+    return L1_KERNEL.load()
+
+
+def _flat3(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
+
+
+def _strided_rows(t: torch.Tensor):
+    """``t (..., N, d)`` as the C kernel reads it in place: ``(t', strides)`` with ``strides`` =
+    ``(heads, batch stride, head stride, token stride)`` for up to two leading dims and a unit
+    channel stride (q/k views of a fused qkv output need no copy); otherwise a contiguous copy."""
+    if t.stride(-1) == 1 and t.dim() in (3, 4):
+        b, h = (t.shape[0], t.shape[1]) if t.dim() == 4 else (t.shape[0], 1)
+        sb, sh = (t.stride(0), t.stride(1)) if t.dim() == 4 else (t.stride(0), 0)
+        return t, (ctypes.c_int64 * 4)(h, sb, sh, t.stride(-2)), b * h
+    flat = _flat3(t)
+    return flat, (ctypes.c_int64 * 4)(1, flat.stride(0), 0, flat.stride(1)), flat.shape[0]
+
+
+def _row_block(b: int, n: int, threads: int) -> int:
+    """Rows per work item: enough items to balance the threads, few enough ``grad_y`` partials."""
+    per_sample = max(1, -(-4 * threads // max(b, 1)))         # items wanted per (batch·head) slice
+    return int(min(512, max(32, -(-n // per_sample))))
+
+
+def _ptr(t: torch.Tensor):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def laplace_forward(lib, x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
+    """exp(-||x_i - y_j||_1 / lam) in C (``lib`` from :func:`c_library`); x (..., N, d), y (..., M, d)."""
+    xv, xs, b = _strided_rows(x)
+    yf = _flat3(y)
+    n, d = x.shape[-2:]
+    m = yf.shape[1]
+    out = torch.empty(b, n, m, dtype=x.dtype)
+    threads = torch.get_num_threads()
+    getattr(lib, f"vitmix_l1_fwd_{_SUFFIX[x.dtype]}")(
+        _ptr(xv), xs, _ptr(yf), _ptr(out), b, n, m, d, _row_block(b, n, threads), -1.0 / lam, 1, threads)
+    return out.view(*x.shape[:-1], m)
+
+
+def l1_backward(lib, g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of ``sum_ij g_ij * ||x_i - y_j||_1`` w.r.t. x and y (sign(0) = 0) in C; ``g`` in x's dtype."""
+    batch_shape = x.shape[:-2]
+    n, d = x.shape[-2:]
+    m = y.shape[-2]
+    gf, yf = _flat3(g), _flat3(y)
+    xv, xs, b = _strided_rows(x)
+    threads = torch.get_num_threads()
+    rows = _row_block(b, n, threads)
+    blocks = -(-n // rows)
+    gx = torch.empty(b, n, d, dtype=x.dtype)
+    part = torch.empty(b, blocks, m, d, dtype=x.dtype)
+    getattr(lib, f"vitmix_l1_bwd_{_SUFFIX[x.dtype]}")(
+        _ptr(gf), _ptr(xv), xs, _ptr(yf), _ptr(gx), _ptr(part), b, n, m, d, rows, threads)
+    gy = part.sum(1) if blocks > 1 else part[:, 0]
+    return gx.reshape(*batch_shape, n, d), gy.reshape(*batch_shape, m, d)

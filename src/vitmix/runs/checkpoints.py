@@ -1,0 +1,239 @@
+"""Checkpoint IO: model weights in safetensors, resumable state via ``torch.load(weights_only=True)``,
+and :func:`resolve_checkpoint` / :func:`load_model` for a file or a run directory.
+
+Every file is written to a temporary name in the same directory and renamed into place, so an
+interrupted save never leaves a half-written checkpoint over a good one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+_META_KEY = "vitmix"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())        # mkstemp makes 0600; give the file a normal file's mode
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_text(path: Path, text: str) -> None:
+    """Write a text file atomically (e.g. ``metrics.jsonl``)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file (the checkpoint manifest records one per file of a set)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model inside DDP, ``--compile`` and torch.compile wrappers (nested in any order)."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel) or getattr(model, "wraps_module", False):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def save_weights(model: nn.Module, path: Path, meta: Dict[str, Any]) -> None:
+    """Write the model's weights and the metadata needed to rebuild it (``meta``) as safetensors."""
+    state = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={_META_KEY: json.dumps(meta)}))
+
+
+def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """Read ``(state_dict, meta)`` from a vitmix safetensors checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get(_META_KEY, "{}"))
+        state = load_file(str(path))
+    except (SafetensorError, OSError, json.JSONDecodeError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable safetensors checkpoint ({err}); it may be truncated "
+                         "or corrupt — use the run's other checkpoint (best/last)") from None
+    return state, meta
+
+
+def load_into(model: nn.Module, state: Dict[str, torch.Tensor], source: str = "checkpoint",
+              ignore: Tuple[str, ...] = ()) -> None:
+    """Load ``state`` strictly, turning key/shape mismatches into a one-paragraph ``ValueError``.
+
+    Keys starting with a prefix in ``ignore`` (e.g. ``"head."`` for another classifier) may be missing,
+    extra or shaped differently: the model keeps its own values there.
+    """
+    own = unwrap(model).state_dict()
+    shapes = [k for k in own if k in state and own[k].shape != state[k].shape]
+    missing, unexpected, wrong = ([k for k in keys if not k.startswith(ignore)] for keys in (
+        sorted(set(own) - set(state)), sorted(set(state) - set(own)), shapes))
+    if missing or unexpected or wrong:
+        _mismatch(source, own, state, missing, unexpected, wrong)
+    if ignore:
+        state = {k: v for k, v in state.items() if k in own and k not in shapes}
+    unwrap(model).load_state_dict(state, strict=not ignore)
+
+
+def _mismatch(source: str, own: dict, state: dict, missing: list, unexpected: list, shapes: list) -> None:
+    """Raise the one-paragraph ``ValueError`` of :func:`load_into`."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+    if shapes:
+        k = shapes[0]
+        parts.append(f"{len(shapes)} with other shapes "
+                     f"(e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
+    raise ValueError(f"{source} does not match the model: " + "; ".join(parts)
+                     + ". Build the model with the same --model/--mixer/--img-size as the run")
+
+
+def read_state_dict(path) -> Dict[str, torch.Tensor]:
+    """The weights in a vitmix safetensors checkpoint or a torch ``.pt``/``.pth`` file (read with
+    ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's ``module.``
+    prefix are removed). Unreadable files are a one-line ``ValueError``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if path.suffix == ".safetensors":
+        return load_weights(path)[0]
+    obj = load_state(path)
+    for key in ("model", "state_dict", "model_state_dict", "model_state"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} holds no state dict")
+    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+
+
+def save_state(path: Path, state: Dict[str, Any]) -> None:
+    """Write the resumable training state (tensors, numbers, strings and dicts/lists of them only)."""
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_state(path: Path) -> Dict[str, Any]:
+    """Read training state without unpickling arbitrary objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no training state at {path}; cannot resume")
+    try:
+        with warnings.catch_warnings():   # torch's note on foreign pickle protocols precedes our error
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for corrupt or unsafe files
+        raise ValueError(f"{path} is not a loadable training state ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:200]})") from None
+
+
+#: Which file of a run directory :func:`resolve_checkpoint` takes, first match wins. A classifier run
+#: keeps the best-validated weights; a generator has no validation score, and its samples come from the EMA.
+BEST_FIRST = ("best.safetensors", "last.safetensors")
+EMA_FIRST = ("ema.safetensors", "last.safetensors")
+
+
+def resolve_checkpoint(path, prefer: Sequence[str] = BEST_FIRST) -> Path:
+    """A checkpoint file as given, or the first of ``prefer`` that a run directory holds
+    (:data:`BEST_FIRST` for ``vitmix train`` runs, :data:`EMA_FIRST` for ``vitmix generate`` runs)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in prefer:
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"{path} is a directory without {' or '.join(prefer)} (no epoch finished yet?)")
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return path
+
+
+def build_classifier(model: str, num_classes: int, in_chans: int, img_size: int, num_frames: Optional[int] = None,
+                     *, mixer: Optional[str] = None, mixer_options: Optional[dict] = None,
+                     model_options: Optional[dict] = None, drop_path: float = 0.0, data: Optional[str] = None
+                     ) -> nn.Module:
+    """The classifier ``model`` (``num_frames``: clip length of video data, ``None`` for images); a
+    model that is no classifier, or video data for an image model (and back), is a one-line ``ValueError``."""
+    from ..models import create_model
+    from ..models.timesformer import is_video_model
+
+    kwargs = dict(model_options or {}, num_classes=num_classes, in_chans=in_chans, img_size=img_size)
+    if is_video_model(model) != (num_frames is not None):
+        raise ValueError(f"{model} takes video clips: train it on --data moving-fashion-mnist or clipfolder"
+                         if num_frames is None else f"--data {data} holds video clips, which {model} does not "
+                         "take: use a video model such as timesformer_tiny (see `vitmix models timesformer`)")
+    if num_frames is not None:
+        kwargs["num_frames"] = num_frames
+    if drop_path:
+        kwargs["drop_path_rate"] = drop_path
+    net = create_model(model, mixer=mixer, mixer_options=mixer_options or None, **kwargs)
+    task = getattr(net, "task", "classification")
+    if task != "classification":      # before the run directory exists: nothing is left behind
+        raise ValueError(f"{model} is a {task} model, not a classifier; train it with "
+                         f"`vitmix generate train --model {model}`")
+    return net
+
+
+def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module, Dict[str, Any], Path]:
+    """``(model, meta, path)`` of a classifier checkpoint file or run directory (see :func:`load_model`)."""
+    from .device import parse_device
+
+    path = resolve_checkpoint(checkpoint)
+    state, meta = load_weights(path)
+    missing = [k for k in ("model", "num_classes", "in_chans", "img_size") if k not in meta]
+    if missing:
+        raise ValueError(f"{path} has no vitmix metadata ({', '.join(missing)} missing); was it written by "
+                         "vitmix train? Build the model yourself and load it with load_into")
+    dev = parse_device(device)
+    model = build_classifier(meta["model"], meta["num_classes"], meta["in_chans"], int(meta["img_size"]),
+                             meta.get("num_frames"), mixer=meta.get("mixer"),
+                             mixer_options=meta.get("mixer_options"), model_options=meta.get("model_options"),
+                             data=meta.get("data"))
+    load_into(model, state, str(path))
+    return model.to(dev).eval(), meta, path
+
+
+def load_model(checkpoint, device: Optional[str] = None) -> nn.Module:
+    """The model of a vitmix checkpoint file or run directory, rebuilt from the checkpoint's own
+    metadata (model, mixer and its options, classes, channels, image size) and put in eval mode.
+
+    >>> model = vitmix.load_model("runs/my-run")          # doctest: +SKIP  (its best.safetensors)
+    """
+    return load_checkpoint(checkpoint, device)[0]
+
+
+def model_meta(cfg) -> Dict[str, Any]:
+    """The part of a checkpoint's metadata every task records from its config: the model and mixer
+    with their options (the task adds sizes, classes and its own settings)."""
+    return {"model": cfg.model, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
+            "model_options": cfg.model_options}

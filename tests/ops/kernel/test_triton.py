@@ -1,0 +1,244 @@
+"""Triton kernels of the Gaussian/Laplacian kernel matrices against the references; the backend dispatch,
+its fallbacks and one-time warnings; the mixers' ``backend`` option (the Newton–Schulz loop:
+``tests/ops/newton/test_triton.py``; the ``calls`` fixture: ``tests/ops/conftest.py``).
+
+Without a GPU the kernels run on CPU tensors in Triton's interpreter (``tests/conftest.py`` sets
+``TRITON_INTERPRET=1`` before triton is imported); with ``TRITON_INTERPRET=0`` and a GPU they run
+compiled on CUDA tensors. The interpreter is slow: the shapes are small but odd (masked tile edges).
+"""
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed (pip install 'vitmix[gpu]'): no Triton kernels to test")
+
+import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from vitmix import mixers  # noqa: E402
+from vitmix.ops import _triton  # noqa: E402
+from vitmix.ops.kernel import triton as kernel_triton  # noqa: E402
+from vitmix.ops.kernel import (  # noqa: E402
+    gaussian_kernel, gaussian_kernel_reference, laplacian_kernel, laplacian_kernel_reference,
+)
+from vitmix.ops.newton import newton_schulz_inverse  # noqa: E402
+from _triton_device import triton_test_device  # noqa: E402
+
+DEVICE = triton_test_device()
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+OPS = torch.ops.vitmix
+LAM = 4.0
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    _triton.warn_once.cache_clear()      # each test sees its own one-time warnings
+    yield
+
+
+def _kernel(kind):
+    if kind == "gaussian":
+        return gaussian_kernel, gaussian_kernel_reference
+    return (lambda x, y, backend="auto": laplacian_kernel(x, y, LAM, backend=backend),
+            lambda x, y: laplacian_kernel_reference(x, y, LAM))
+
+
+def _pair(lead, n, m, d, dtype, seed=0):
+    """Tokens and landmarks at a scale where the kernel values are O(0.1..1), with exact ties
+    (landmark 0 equals token 0; channel 0 of landmark 1 equals that of token 1) for sign(0) = 0."""
+    g = torch.Generator().manual_seed(seed)
+    x = 0.1 * torch.randn(*lead, n, d, generator=g)
+    y = 0.1 * torch.randn(*lead, m, d, generator=g)
+    y[..., 0, :] = x[..., 0, :]
+    y[..., 1, 0] = x[..., 1, 0]
+    return (x.to(dtype=dtype, device=DEVICE).requires_grad_(), y.to(dtype=dtype, device=DEVICE).requires_grad_())
+
+
+def _compare(kind, x, y, out_tol, grad_tol):
+    fast, ref = _kernel(kind)
+    out = fast(x, y, backend="triton")
+    xr, yr = (t.detach().double().requires_grad_() for t in (x, y))
+    want = ref(xr, yr)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), want, **out_tol)
+    g = torch.randn(want.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(DEVICE)
+    grads = torch.autograd.grad(out, (x, y), g.float())
+    for got, exp, inp in zip(grads, torch.autograd.grad(want, (xr, yr), g), (x, y)):
+        assert got.dtype == inp.dtype
+        torch.testing.assert_close(got.double(), exp, **grad_tol)
+
+
+# float32 arithmetic against a float64 reference on the same input values: the exponent sums d terms
+# (relative error ~ d·2⁻²⁴ ≈ 4e-6 at d = 64) and each gradient sums N or M such products
+F32_OUT = dict(rtol=2e-5, atol=1e-6)
+F32_GRAD = dict(rtol=1e-4, atol=2e-5)
+# bfloat16 inputs are read as they are and computed in float32 (same output tolerance); the gradients
+# are returned in bfloat16 (8 mantissa bits: relative 2⁻⁸ ≈ 4e-3 per element)
+BF16_GRAD = dict(rtol=1e-2, atol=2e-3)
+SHAPES = [((1,), 13, 5, 32), ((3, 1), 37, 9, 48), ((3,), 11, 7, 64), ((1, 2), 9, 3, 48)]
+
+
+@pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("lead,n,m,d", SHAPES)
+def test_kernels_match_the_reference_fp32(calls, kind, lead, n, m, d):
+    x, y = _pair(lead, n, m, d, torch.float32)
+    _compare(kind, x, y, F32_OUT, F32_GRAD)
+    assert calls["forward"] == 1 and calls["grads"] == 1
+
+
+@pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("lead,n,m,d", [SHAPES[0], SHAPES[2]])
+def test_kernels_match_the_reference_bf16(calls, kind, lead, n, m, d):
+    x, y = _pair(lead, n, m, d, torch.bfloat16)
+    _compare(kind, x, y, F32_OUT, BF16_GRAD)
+    assert calls["forward"] == 1 and calls["grads"] == 1
+
+
+@pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
+def test_several_tiles_and_split_partner_sums(monkeypatch, calls, kind):
+    # N = 70 and M = 37 span several 32-wide tiles; 32-row chunks split both gradient sums
+    monkeypatch.setattr(kernel_triton, "_SPLIT_ROWS", 32)
+    x, y = _pair((1,), 70, 37, 5, torch.float32)
+    _compare(kind, x, y, F32_OUT, F32_GRAD)
+
+
+@pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
+def test_strided_broadcast_and_other_ranks(calls, kind):
+    fast, ref = _kernel(kind)
+    qkv = 0.1 * torch.randn(2, 11, 3, 2, 32, device=DEVICE)
+    q = qkv.permute(2, 0, 3, 1, 4)[0]                    # (2, 2, 11, 32) view of a fused qkv output
+    lm = 0.1 * torch.randn(1, 2, 5, 32, device=DEVICE)   # broadcast over the batch
+    cases = [(q, lm), (q[0, 0], lm[0, 0]), (q[0], lm[0]), (q.reshape(2, 1, 2, 11, 32), lm[None])]
+    for x, y in cases:
+        x, y = x.detach().requires_grad_(), y.detach().requires_grad_()
+        out = fast(x, y, backend="triton")
+        want = ref(x, y)
+        torch.testing.assert_close(out, want, **F32_OUT)
+        g = torch.randn_like(want)
+        for a, b in zip(torch.autograd.grad(out, (x, y), g), torch.autograd.grad(want, (x, y), g)):
+            torch.testing.assert_close(a, b, **F32_GRAD)
+    assert calls["forward"] == len(cases)
+
+
+def test_custom_ops_run_triton_when_asked(calls):
+    x, y = _pair((2,), 9, 5, 32, torch.float32)
+    for op, ref, args in ((OPS.gaussian_kernel, gaussian_kernel_reference, ()),
+                          (OPS.laplacian_kernel, lambda a, b: laplacian_kernel_reference(a, b, LAM), (LAM,))):
+        out, want = op(x, y, *args, "triton"), ref(x, y)
+        torch.testing.assert_close(out, want, **F32_OUT)
+        g = torch.randn_like(want)
+        for a, b in zip(torch.autograd.grad(out, (x, y), g), torch.autograd.grad(want, (x, y), g)):
+            torch.testing.assert_close(a, b, **F32_GRAD)
+    assert calls["forward"] == 2 and calls["grads"] == 2
+
+
+def test_compiled_code_runs_triton(calls):
+    x, y = _pair((2,), 9, 5, 32, torch.float32)
+    fn = lambda a, b: laplacian_kernel(a, b, LAM, backend="triton").sum()  # noqa: E731
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    (gx,) = torch.autograd.grad(compiled(x, y), x)
+    (want,) = torch.autograd.grad(laplacian_kernel_reference(x, y, LAM).sum(), x)
+    torch.testing.assert_close(gx, want, **F32_GRAD)
+    assert calls["forward"] == 1 and calls["grads"] == 1      # the op chose Triton when the graph ran
+
+
+# -------------------------------------------------------------------------------- dispatch, fallbacks
+def _landmark_kernels(lead, m, tied, seed=0):
+    """Laplacian kernels of pooled-like landmarks: the matrices the Newton–Schulz loop inverts."""
+    g = torch.Generator().manual_seed(seed)
+    lq = 0.3 * torch.randn(*lead, m, 16, generator=g)
+    lk = lq if tied else lq + 0.1 * torch.randn(*lead, m, 16, generator=g)
+    return laplacian_kernel_reference(lq, lk, 1.0).to(DEVICE)
+
+
+def test_fallbacks_warn_once_and_give_the_torch_result(calls):
+    x, y = _pair((1,), 7, 3, 32, torch.float32)
+    with pytest.warns(RuntimeWarning, match="laplacian_kernel runs the PyTorch path.*dtype torch.float64"):
+        out = laplacian_kernel(x.double(), y.double(), LAM, backend="triton")
+    torch.testing.assert_close(out, laplacian_kernel(x.double(), y.double(), LAM, backend="torch"), rtol=0, atol=0)
+    A = _landmark_kernels((1,), 129, tied=True)
+    with pytest.warns(RuntimeWarning, match=r"newton_schulz_inverse runs the PyTorch path.*m=129 landmarks"):
+        V = newton_schulz_inverse(A, iters=3, backend="triton")
+    torch.testing.assert_close(V, newton_schulz_inverse(A, iters=3, backend="torch"), rtol=0, atol=0)
+    with pytest.warns(RuntimeWarning, match="newton_schulz_inverse.*dtype torch.float64"):
+        newton_schulz_inverse(A[..., :5, :5].double(), iters=3, backend="triton")
+    assert calls == {"forward": 0, "grads": 0, "newton": 0}
+
+
+def test_one_warning_per_reason(recwarn):
+    x, y = _pair((1,), 7, 3, 32, torch.float64)
+    for _ in range(3):
+        gaussian_kernel(x, y, backend="triton")
+    assert len([w for w in recwarn if "gaussian_kernel" in str(w.message)]) == 1
+
+
+def test_missing_triton_falls_back_with_the_reason(monkeypatch, calls):
+    monkeypatch.setattr(_triton, "_import_error", lambda: "triton is not importable (test)")
+    x, y = _pair((2,), 7, 3, 32, torch.float32)
+    with pytest.warns(RuntimeWarning, match="gaussian_kernel runs the PyTorch path instead of Triton: triton is not"):
+        out = gaussian_kernel(x, y, backend="triton")
+    torch.testing.assert_close(out, gaussian_kernel(x, y, backend="torch"), rtol=0, atol=0)
+    with pytest.warns(RuntimeWarning, match="newton_schulz_inverse runs the PyTorch path instead of Triton: triton"):
+        newton_schulz_inverse(_landmark_kernels((1,), 5, tied=True), backend="triton")
+    assert calls == {"forward": 0, "grads": 0, "newton": 0}
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU default is what is tested")
+def test_auto_and_torch_never_run_triton_on_cpu(calls, recwarn):
+    x, y = _pair((2,), 7, 3, 32, torch.float32)
+    for backend in ("auto", "torch"):
+        out = laplacian_kernel(x, y, LAM, backend=backend)
+        assert type(out.grad_fn).__name__ == "_LaplacianKernelBackward"
+        newton_schulz_inverse(_landmark_kernels((1,), 5, tied=True), backend=backend)
+    assert calls == {"forward": 0, "grads": 0, "newton": 0}
+    assert not [w for w in recwarn if "vitmix" in str(w.message)]
+
+
+def test_dispatch_modes_see_the_torch_path(calls):
+    x, y = _pair((2,), 7, 3, 32, torch.float32)
+    with FlopCounterMode(display=False) as counter:
+        gaussian_kernel(x, y, backend="triton")
+        newton_schulz_inverse(_landmark_kernels((1,), 5, tied=True), backend="triton")
+    assert counter.get_total_flops() > 0 and calls == {"forward": 0, "grads": 0, "newton": 0}
+
+
+def test_bad_backend_is_a_value_error():
+    x, y = _pair((1,), 5, 3, 4, torch.float32)
+    with pytest.raises(ValueError, match="gaussian_kernel: unknown backend 'cuda'"):
+        gaussian_kernel(x, y, backend="cuda")
+    with pytest.raises(ValueError, match="laplacian_kernel: unknown backend"):
+        laplacian_kernel(x, y, backend="gpu")
+    with pytest.raises(ValueError, match="newton_schulz_inverse: unknown backend"):
+        newton_schulz_inverse(torch.eye(3), backend="Triton")
+    with pytest.raises(ValueError, match="SoftAttention: unknown backend"):
+        mixers.create("soft", 32, 2, backend="cuda")
+    with pytest.raises(ValueError, match="LaplacianAttention: unknown backend"):
+        mixers.create("laplacian", 32, 2, backend=None)
+
+
+# ----------------------------------------------------------------------------------------- mixers
+def _mixer_grads(layer, x, grid, backend):
+    layer.backend = backend
+    x = x.clone().requires_grad_()
+    layer.zero_grad()
+    out = layer(x, hw=grid[1:], num_prefix_tokens=grid[0])
+    out.pow(2).sum().backward()
+    return [out.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("name,batch,opts", [("soft", 1, {}), ("soft_norm", 3, {"landmarks": "avgpool"}),
+                                             ("laplacian", 3, {}), ("laplacian", 1, {"normalize": False})])
+def test_mixer_backend_triton_equals_torch(calls, name, batch, opts):
+    grid = (1, 6, 5)                           # a CLS token and a 6×5 grid: 31 tokens, 3×3 landmarks at stride 2
+    torch.manual_seed(0)
+    layer = mixers.create(name, 64, 2, qkv_bias=True, num_landmarks=(3, 3), backend="triton", **opts).to(DEVICE)
+    x = torch.randn(batch, 31, 64, device=DEVICE)
+    got = _mixer_grads(layer, x, grid, "triton")
+    assert calls["forward"] >= 2 and calls["grads"] >= 1 and calls["newton"] >= 1
+    want = _mixer_grads(layer, x, grid, "torch")
+    exact = _mixer_grads(layer.double(), x.double(), grid, "torch")
+    for a, b, e in zip(got, want, exact):
+        # Both float32 paths round differently (kernel sums ~1e-7 relative), and the landmark inverse
+        # amplifies that by up to cond(W + εI) ~ 3e3 (unconverged at 20 steps for the untied Laplacian
+        # landmarks): Triton must be as close to the float64 result as the PyTorch path, within 3x
+        err, err_torch = (a.double() - e).abs().max(), (b.double() - e).abs().max()
+        assert err <= 3 * err_torch + 1e-6 * e.abs().max() + 1e-12, (float(err), float(err_torch))
