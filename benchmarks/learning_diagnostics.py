@@ -66,8 +66,8 @@ def _group(name: str) -> str:
     return "embed"
 
 
-@torch.no_grad()
-def _attention_stats(model, x) -> dict:
+def _mixer_inputs(model, x):
+    """The model's token mixers and the input each one saw in one forward of ``x``."""
     mixers = [m for m in model.modules() if isinstance(m, TokenMixer)]
     inputs = {}
     hooks = [m.register_forward_pre_hook(lambda mod, args, kw: inputs.__setitem__(mod, args[0]), with_kwargs=True)
@@ -75,6 +75,12 @@ def _attention_stats(model, x) -> dict:
     model(x)
     for h in hooks:
         h.remove()
+    return mixers, inputs
+
+
+@torch.no_grad()
+def _attention_stats(model, x) -> dict:
+    mixers, inputs = _mixer_inputs(model, x)
     ent, scale = [], []
     for m in mixers:
         xin = inputs[m]
@@ -92,13 +98,7 @@ def _attention_stats(model, x) -> dict:
 @torch.no_grad()
 def _layer_stats(model, x) -> list:
     """Per block and head of a kernel mixer (``soft``/``laplacian``): see the module docstring."""
-    mixers = [m for m in model.modules() if isinstance(m, TokenMixer)]
-    inputs = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, args, kw: inputs.__setitem__(mod, args[0]), with_kwargs=True)
-             for m in mixers]
-    model(x)
-    for h in hooks:
-        h.remove()
+    mixers, inputs = _mixer_inputs(model, x)
     return [_block_stats(m, inputs[m]) for m in mixers if hasattr(m, "_attend") and hasattr(m, "landmark_count")]
 
 
