@@ -52,7 +52,8 @@ from vitmix.bench.flops import analytic_flops, count_flops
 from vitmix.bench.memory import memory_method, peak_memory
 from vitmix.bench.report import env_lines, fit_slope
 from vitmix.bench.sdpa import sdpa_backend
-from vitmix.bench.sweep import DTYPES, build_point, check_cuda_device, is_oom, point_call, token_grid
+from vitmix.bench.sweep import DTYPES, build_point, is_oom, point_call, token_grid
+from vitmix.runs import parse_device
 from vitmix.bench.timing import time_call
 from vitmix.mixers.flops import nystrom_flops
 
@@ -567,7 +568,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         return dry_run(entries, args)
     try:
-        device = check_cuda_device(args.device, hint="; --dry-run lists the measurements without one")
+        device = parse_device(args.device, hint="; --dry-run lists the measurements without one")
     except ValueError as err:
         print(f"gpu.py: error: {err}", file=sys.stderr)
         return 2

@@ -331,7 +331,7 @@ def test_main_measures_writes_and_prints_goals(gpu, monkeypatch, tmp_path, capsy
     """The whole flow of a run with the device check pointed at the CPU and a two-entry plan."""
     entries = [gpu.Entry("op", "softmax", 64, 32, 2, "bf16", "fwd+bwd"),
                gpu.Entry("op", "laplacian", 64, 32, 2, "bf16", "fwd+bwd")]
-    monkeypatch.setattr(gpu, "check_cuda_device", lambda *args, **kwargs: torch.device("cpu"))
+    monkeypatch.setattr(gpu, "parse_device", lambda *args, **kwargs: torch.device("cpu"))
     monkeypatch.setattr(gpu, "plan", lambda *args: entries)
     real_bandwidth = gpu.measure_bandwidth
     monkeypatch.setattr(gpu, "measure_bandwidth", lambda device: real_bandwidth(device, 2 ** 20, 0.01))

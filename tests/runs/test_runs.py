@@ -38,7 +38,7 @@ def test_resolve_checkpoint_defaults_to_best_first_and_names_what_is_missing(tmp
         resolve_checkpoint(tmp_path / "missing.safetensors")
 
 
-@pytest.mark.parametrize("text,message", [("gpu", "is not a device name"), ("meta", "vitmix trains on cpu or cuda")])
+@pytest.mark.parametrize("text,message", [("gpu", "is not a device name"), ("meta", "vitmix runs on cpu or cuda")])
 def test_a_bad_device_is_a_one_line_error(text, message):
     with pytest.raises(ValueError, match=message):
         parse_device(text)

@@ -28,13 +28,14 @@ import torch
 from .config import (  # noqa: F401  (re-exported: the sweep's public names)
     DEFAULT_BASELINE_MODEL, DEFAULT_IMAGE_SIZES, DEFAULT_TOKENS, PASSES, BenchConfig, SweepResult, Target,
 )
+from ..runs.device import parse_device
 from .memory import memory_method
 from .paired import PairedRatio, paired_ratio  # noqa: F401  (re-exported)
 from .points import (  # noqa: F401  (re-exported)
     build_point, check_mixer_options, layer_options, measure_point, point_builder, point_call, token_grid,
 )
 from .targets import (  # noqa: F401  (re-exported)
-    DTYPES, check_cuda_device, parse_mixer_spec, resolve_device, resolve_targets, validate,
+    DTYPES, parse_mixer_spec, resolve_targets, validate,
 )
 
 
@@ -94,7 +95,7 @@ def _run_sweep(config: BenchConfig, progress: bool) -> SweepResult:
 
     targets = resolve_targets(config)
     check_mixer_options(targets, config)
-    device = resolve_device(config.device)
+    device = parse_device(config.device)
     sweep = _Sweep(config, device, _memory_limit(config, device), time.perf_counter())
     env = environment(device)
     env["memory_method"] = memory_method(device) if config.measure_memory else "off"
@@ -270,6 +271,6 @@ def _add_ratios(rows: List[dict]) -> None:
                                  if ok and r.get("gflops") and b.get("gflops") else None)
 
 
-__all__ = ["BenchConfig", "SweepResult", "Target", "run_sweep", "resolve_targets", "validate", "check_cuda_device",
+__all__ = ["BenchConfig", "SweepResult", "Target", "run_sweep", "resolve_targets", "validate",
            "build_point", "point_call", "is_oom",
            "parse_mixer_spec", "token_grid", "DEFAULT_TOKENS", "DEFAULT_IMAGE_SIZES", "PASSES", "DTYPES"]

@@ -7,7 +7,7 @@ from typing import List
 import torch
 
 from .._util import close_matches
-from ..runs.device import default_device
+from ..runs.device import parse_device
 from .config import PASSES, BenchConfig, Target
 
 #: ``--dtype`` → the autocast dtype (fp32: none)
@@ -117,28 +117,9 @@ def validate(config: BenchConfig) -> None:
         raise ValueError(f"max_seconds must be positive, got {config.max_seconds}")
     if config.min_run_time <= 0:
         raise ValueError(f"min_run_time must be positive, got {config.min_run_time}")
-    if config.device not in ("auto", "cpu", "cuda") and not config.device.startswith("cuda:"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {config.device!r}")
-    if config.device.startswith("cuda"):
-        check_cuda_device(config.device)
+    parse_device(config.device)
     if config.compile:
         _check_compile_backend(config.compile_backend)
-
-
-def check_cuda_device(name: str, hint: str = "; use --device cpu") -> torch.device:
-    """The CUDA device ``name`` (``"cuda"`` or ``"cuda:i"``); ``ValueError`` (ending with ``hint``) when no
-    such device is visible."""
-    if not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but no CUDA device is visible "
-                         f"(torch.cuda.is_available() is False){hint}")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:i, got {name!r}") from None
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        raise ValueError(f"device {name!r} requested but only {count} CUDA device(s) are visible")
-    return device
 
 
 def _check_compile_backend(name: str) -> None:
@@ -151,11 +132,4 @@ def _check_compile_backend(name: str) -> None:
                          + " Common ones: inductor, aot_eager, eager")
 
 
-def resolve_device(name: str) -> torch.device:
-    """``"auto"`` → CUDA when available, else CPU; any other name as ``torch.device``."""
-    if name == "auto":
-        return default_device()       # the rule every command shares (vitmix.runs.device)
-    return torch.device(name)
-
-
-__all__ = ["DTYPES", "check_cuda_device", "parse_mixer_spec", "resolve_device", "resolve_targets", "validate"]
+__all__ = ["DTYPES", "parse_mixer_spec", "resolve_targets", "validate"]

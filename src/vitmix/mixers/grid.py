@@ -81,17 +81,6 @@ def landmark_shape(name: str, h: int, w: int, stride: int, spec, remainder: str 
     return h // stride, w // stride
 
 
-def pooled_landmark_count(mixer, h: int, w: int) -> Tuple[int, int]:
-    """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits).
-
-    The ``landmark_count`` of the mixers that pool their landmarks from the grid (SOFT, SOFT-Norm,
-    LaplacianFormer): :func:`landmark_shape` of their ``landmark_stride``, ``landmark_hw`` and
-    ``grid_remainder``.
-    """
-    return landmark_shape(type(mixer).__name__, h, w, mixer.landmark_stride, mixer.landmark_hw,
-                          mixer.grid_remainder)
-
-
 # ------------------------------------------------------------------------------------- layouts
 def grid_channels_first(t: torch.Tensor, prefix: int, h: int, w: int) -> torch.Tensor:
     """``(B, heads, P + H*W, d)`` → the grid tokens as ``(B*heads, d, H, W)``."""
@@ -135,5 +124,5 @@ def split_heads(t: torch.Tensor, nh: int) -> torch.Tensor:
 
 __all__ = [
     "DEFAULT_LANDMARK_GRID", "LandmarkCount", "add_to_grid", "grid_channels_first", "head_conv", "landmark_grid",
-    "landmark_shape", "merge_heads", "pooled_landmark_count", "split_heads", "tokens_from_channels_first",
+    "landmark_shape", "merge_heads", "split_heads", "tokens_from_channels_first",
 ]

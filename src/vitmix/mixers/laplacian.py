@@ -42,12 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
-from ..ops._triton import check_backend
-from .base import TokenMixer
-from .grid import (
-    LandmarkCount, grid_channels_first, head_conv, landmark_grid, merge_heads, pooled_landmark_count,
-    tokens_from_channels_first,
-)
+from .grid import LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
+from .landmark import LandmarkMixer, check_conv_kernel
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops
 from .registry import register_mixer
@@ -73,7 +69,7 @@ def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -
 
 
 @register_mixer("laplacian")
-class LaplacianAttention(TokenMixer):
+class LaplacianAttention(LandmarkMixer):
     """LaplacianFormer attention: L1 kernel, Nyström landmarks, Newton–Schulz inverse, injective map.
 
     Each design choice is explained in the module docstring.
@@ -134,12 +130,6 @@ class LaplacianAttention(TokenMixer):
     ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
     """
 
-    spatial = True
-    rejects_non_finite = True
-    complexity = "linear"
-    additive_terms = ("conv",)   # the local conv on V: zero when converted from softmax (vitmix.convert)
-    #: as SOFT's: a token sweep of one layer fixes m = 49 landmarks (``SoftAttention.bench_options``)
-    bench_options = {"num_landmarks": 49}
     #: the string options and the values each accepts
     _CHOICES = {
         "inverse": ("newton", "exact"),
@@ -182,24 +172,21 @@ class LaplacianAttention(TokenMixer):
         qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         name = type(self).__name__
         reject_unsupported(name, False, scale_norm, attn_drop)
-        self.landmark_stride = stride_option(name, landmark_stride, {"pool_ratio": pool_ratio}, default=2)
+        stride = stride_option(name, landmark_stride, {"pool_ratio": pool_ratio}, default=2)
         for key, value in dict(inverse=inverse, newton_alpha=newton_alpha, conv_groups=conv_groups,
                                norm_scale=norm_scale, temperature=temperature, conv_init=conv_init,
                                grid_remainder=grid_remainder).items():
             check_choice(key, value, self._CHOICES[key])
         self._check_numbers(lam, conv_kernel, newton_iters, newton_eps, inverse, rope)
-        check_backend(name, backend)
-        self.backend = backend
-        self.landmark_hw = landmark_grid(num_landmarks)
+        self._init_landmarks(stride, num_landmarks, grid_remainder, conv_kernel, backend)
         self.lam = float(lam)
         self.qk_scale = self._qk_scale(qk_scale)
         self.qk_normed = bool(qk_norm)
         self.normalize, self.norm_eps, self.norm_scale = bool(normalize), float(norm_eps), norm_scale
         self.newton_iters, self.newton_eps = int(newton_iters), float(newton_eps)
         self.newton_alpha, self.inverse = newton_alpha, inverse
-        self.conv_kernel, self.conv_groups = int(conv_kernel or 0), conv_groups
+        self.conv_groups = conv_groups
         self.rope, self.rope_base = bool(rope), float(rope_base)
-        self.grid_remainder = grid_remainder
         self._build_layers(qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer, conv_init, temperature)
 
     def _check_numbers(self, lam, conv_kernel, newton_iters, newton_eps, inverse: str, rope: bool) -> None:
@@ -208,8 +195,7 @@ class LaplacianAttention(TokenMixer):
         name = type(self).__name__
         if not lam > 0:
             raise ValueError(f"lam={lam} must be > 0 (the Laplacian kernel bandwidth)")
-        if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
-            raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
+        check_conv_kernel(conv_kernel)
         check_newton(name, newton_iters, newton_eps, inverse)
         if rope and self.head_dim % 4:
             raise ValueError(f"rope=True needs head_dim divisible by 4, got head_dim={self.head_dim} "
@@ -255,13 +241,10 @@ class LaplacianAttention(TokenMixer):
         return dict(landmark_stride=stride, newton_iters=newton_iters)
 
     def extra_repr(self) -> str:
-        m = f"landmark_stride={self.landmark_stride}, num_landmarks={self.landmark_hw!r}"
-        return (f"heads={self.num_heads}, head_dim={self.head_dim}, {m}, lam={self.lam}, "
+        return (f"heads={self.num_heads}, head_dim={self.head_dim}, {self._landmark_repr()}, lam={self.lam}, "
                 f"qk_scale={self.qk_scale:.4g}, normalize={self.normalize}, rope={self.rope}")
 
     # -- pieces --------------------------------------------------------------------------------
-    landmark_count = pooled_landmark_count
-
     def _pool_map(self, g: torch.Tensor) -> torch.Tensor:
         """Landmark pooling of a channels-first grid ``(B', C', H, W)``."""
         h, w = g.shape[-2:]
@@ -358,16 +341,9 @@ class LaplacianAttention(TokenMixer):
             out = out + (F.pad(local, (0, 0, prefix, 0)) if prefix else local)
         return self.proj_drop(self.proj(out))
 
-    @torch.no_grad()
-    def attention_map(self, x: torch.Tensor, hw=None, num_prefix_tokens=None, **_) -> torch.Tensor:
-        """Effective ``(B, heads, N, N)`` token weights (normalised map included; local conv not).
-
-        O(N²): for analysis only.
-        """
-        grid = self.token_grid(x.shape[1], hw, num_prefix_tokens)
+    def _kernel_weights(self, x, grid, values):
         q, k, _, lq, lk, _ = self._project(x, grid)
-        eye = torch.eye(x.shape[1], dtype=q.dtype, device=q.device).expand(q.shape[0], self.num_heads, -1, -1)
-        return self._attend(q, k, eye, lq, lk)
+        return self._attend(q, k, values.to(q.dtype), lq, lk)
 
 
 __all__ = ["LaplacianAttention", "rope_2d"]

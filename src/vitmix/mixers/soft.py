@@ -40,12 +40,10 @@ from torch import nn
 
 from .. import ops
 from ..ops._common import no_autocast
-from ..ops._triton import check_backend
-from .base import TokenMixer
 from .grid import (
-    LandmarkCount, add_to_grid, grid_channels_first, head_conv, landmark_grid, merge_heads, pooled_landmark_count,
-    split_heads, tokens_from_channels_first,
+    LandmarkCount, add_to_grid, grid_channels_first, head_conv, merge_heads, split_heads, tokens_from_channels_first,
 )
+from .landmark import LandmarkMixer, check_conv_kernel
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops
@@ -90,7 +88,7 @@ def newton_inverse_legacy(A: torch.Tensor, iters: int = 20, eps: float = 0.0) ->
 
 # ---------------------------------------------------------------------------------------------
 @register_mixer("soft")
-class SoftAttention(TokenMixer):
+class SoftAttention(LandmarkMixer):
     """SOFT softmax-free attention: Gaussian kernel, Nyström landmarks, Newton–Schulz (official code).
 
     The module docstring lists what follows the official code.
@@ -140,13 +138,6 @@ class SoftAttention(TokenMixer):
     ``qk_norm``, ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
     """
 
-    spatial = True
-    rejects_non_finite = True
-    complexity = "linear"
-    additive_terms = ("conv",)   # the local filter on V: zero when converted from softmax
-    #: a token sweep of one layer fixes m = 49 (7×7, the count at 224²), so the cost per token stays
-    #: constant at every size ("auto" agrees from a 14×14 grid up, and gives fewer below)
-    bench_options = {"num_landmarks": 49}
     normalization: Optional[str] = None
     #: option values of each ``preset`` (every preset names the same options)
     presets = {
@@ -183,18 +174,13 @@ class SoftAttention(TokenMixer):
         opts = resolve_preset(name, self.presets, preset, num_landmarks=num_landmarks, newton_eps=newton_eps,
                               newton_alpha=newton_alpha, inverse=inverse, grid_remainder=grid_remainder)
         self._check_options(landmarks, conv_kernel, newton_iters, opts)
-        check_backend(name, backend)
-        self.backend = backend
+        self._init_landmarks(stride, opts["num_landmarks"], opts["grid_remainder"], conv_kernel, backend)
         self.preset = preset
-        self.landmark_stride = stride
         self.landmarks = landmarks
-        self.landmark_hw = landmark_grid(opts["num_landmarks"])
         self.newton_iters = int(newton_iters)
         self.newton_eps = float(opts["newton_eps"])
         self.newton_alpha = opts["newton_alpha"]
         self.inverse = opts["inverse"]
-        self.grid_remainder = opts["grid_remainder"]
-        self.conv_kernel = int(conv_kernel or 0)
         self.scale = self.head_dim ** -0.25
         self._build_layers(stride, qkv_bias, proj_bias, proj_drop)
 
@@ -203,8 +189,7 @@ class SoftAttention(TokenMixer):
         check_choice("inverse", opts["inverse"], INVERSES)
         check_choice("newton_alpha", opts["newton_alpha"], ("safe", "official"))
         check_choice("grid_remainder", opts["grid_remainder"], ("error", "floor"))
-        if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
-            raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
+        check_conv_kernel(conv_kernel)
         # the legacy iteration needs iterations as much as the current one does
         newton = "exact" if opts["inverse"] == "exact" else "newton"
         check_newton(type(self).__name__, newton_iters, opts["newton_eps"], newton)
@@ -249,13 +234,11 @@ class SoftAttention(TokenMixer):
         self._zero_additive_terms()
 
     def extra_repr(self) -> str:
-        m = f"landmark_stride={self.landmark_stride}, num_landmarks={self.landmark_hw!r}"
         return (f"heads={self.num_heads}, head_dim={self.head_dim}, preset={self.preset!r}, "
-                f"landmarks={self.landmarks!r}, {m}, newton_iters={self.newton_iters}, inverse={self.inverse!r}")
+                f"landmarks={self.landmarks!r}, {self._landmark_repr()}, newton_iters={self.newton_iters}, "
+                f"inverse={self.inverse!r}")
 
     # -- pieces --------------------------------------------------------------------------------
-    landmark_count = pooled_landmark_count
-
     def _landmarks(self, q: torch.Tensor, grid) -> torch.Tensor:
         """Landmarks ``(B, heads, m, d)`` from the (scaled) grid queries."""
         prefix, h, w = grid
@@ -323,19 +306,9 @@ class SoftAttention(TokenMixer):
             out = add_to_grid(out, head_conv(self.conv, v, prefix, h, w).to(out.dtype), prefix)
         return self.proj_drop(self.ff(merge_heads(out)))
 
-    @torch.no_grad()
-    def attention_map(self, x: torch.Tensor, hw=None, num_prefix_tokens=None, **_) -> torch.Tensor:
-        """Effective ``(B, heads, N, N)`` weights of the kernel attention (O(N²), analysis only).
-
-        Row ``i`` holds the Nyström weights ``K(q_i, L) · NS(A) · K(L, Q)``; the local convolution
-        on ``V`` is not included.
-        """
-        grid = self.token_grid(x.shape[1], hw, num_prefix_tokens)
+    def _kernel_weights(self, x, grid, values):
         q, _ = self._qv(x)
-        lm = self._landmarks(q, grid)
-        eye = torch.eye(x.shape[1], dtype=q.dtype, device=q.device).expand(q.shape[0], self.num_heads, -1, -1)
-        return self._attend(q, eye, lm)
-
+        return self._attend(q, values.to(q.dtype), self._landmarks(q, grid))
 
 
 @register_mixer("soft_norm")

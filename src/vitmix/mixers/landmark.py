@@ -1,0 +1,79 @@
+"""The shared base of the Nyström landmark mixers: SOFT, SOFT-Norm and LaplacianFormer.
+
+All three pool ``m`` landmarks from the ``H×W`` token grid with a stride, at most 7×7 of them by
+default (O(N) at any resolution), approximate the kernel attention through the ``m×m`` landmark
+kernel and a Newton–Schulz inverse, and add a local depthwise convolution of ``V``. What they share
+lives here once: the landmark options and their checks, ``landmark_count``, the facts the models
+and benchmarks read (``complexity``, ``bench_options``, ...) and the O(N²) ``attention_map``.
+Each subclass supplies its projections, landmarks and kernel through :meth:`_kernel_weights`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ..ops._triton import check_backend
+from .base import TokenMixer
+from .grid import LandmarkCount, landmark_grid, landmark_shape
+
+
+def check_conv_kernel(conv_kernel: Optional[int]) -> int:
+    """The local conv size as an int (0 = none); ``ValueError`` for an even or negative size."""
+    if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
+        raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
+    return int(conv_kernel or 0)
+
+
+class LandmarkMixer(TokenMixer):
+    """Base of the landmark mixers: pooled landmarks on the token grid, a local conv on ``V``.
+
+    Subclasses call :meth:`_init_landmarks` from ``__init__`` (after their own option checks, so
+    errors come in the order the options are documented) and implement :meth:`_kernel_weights`.
+    """
+
+    spatial = True
+    rejects_non_finite = True
+    complexity = "linear"
+    additive_terms = ("conv",)   # the local conv on V: zero when converted from softmax (vitmix.convert)
+    #: a token sweep of one layer fixes m = 49 (7×7, the count at 224²), so the cost per token stays
+    #: constant at every size ("auto" agrees from a 14×14 grid up, and gives fewer below)
+    bench_options = {"num_landmarks": 49}
+
+    def _init_landmarks(self, landmark_stride: int, num_landmarks: LandmarkCount, grid_remainder: str,
+                        conv_kernel: Optional[int], backend: str) -> None:
+        """Check and store the options every landmark mixer has (the stride comes from
+        :func:`~vitmix.mixers.options.stride_option`, called in ``__init__`` so that its deprecation
+        warning points at the caller)."""
+        self.landmark_stride = landmark_stride
+        self.conv_kernel = check_conv_kernel(conv_kernel)
+        check_backend(type(self).__name__, backend)
+        self.backend = backend
+        self.landmark_hw = landmark_grid(num_landmarks)
+        self.grid_remainder = grid_remainder
+
+    def landmark_count(self, h: int, w: int) -> Tuple[int, int]:
+        """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits)."""
+        return landmark_shape(type(self).__name__, h, w, self.landmark_stride, self.landmark_hw, self.grid_remainder)
+
+    def _landmark_repr(self) -> str:
+        return f"landmark_stride={self.landmark_stride}, num_landmarks={self.landmark_hw!r}"
+
+    def _kernel_weights(self, x: torch.Tensor, grid, values: torch.Tensor) -> torch.Tensor:
+        """The kernel-attention part of :meth:`mix` applied to per-head ``values (B, heads, N, ·)``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def attention_map(self, x: torch.Tensor, hw=None, num_prefix_tokens=None, **_) -> torch.Tensor:
+        """Effective ``(B, heads, N, N)`` token weights of the kernel attention (O(N²), analysis only).
+
+        Row ``i`` holds the Nyström weights of token ``i`` (with the mixer's normalisation); the local
+        convolution on ``V`` is not included.
+        """
+        grid = self.token_grid(x.shape[1], hw, num_prefix_tokens)
+        n = x.shape[1]
+        eye = torch.eye(n, dtype=x.dtype, device=x.device).expand(x.shape[0], self.num_heads, n, n)
+        return self._kernel_weights(x, grid, eye)
+
+
+__all__ = ["LandmarkMixer", "check_conv_kernel"]
