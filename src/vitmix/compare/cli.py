@@ -45,7 +45,9 @@ def add_parser(sub) -> None:
                         "(3 × forward per image); the LR schedule is laid over the budget")
     p.add_argument("--remeasure", action="store_true",
                    help="measure the cost columns of finished entries again, e.g. on a quiet machine (no retraining)")
-    add_config_flags(p, exclude=("out", "resume", "mixer"))
+    # a comparison trains every entry from scratch: starting from a teacher is `vitmix train --init-from`
+    add_config_flags(p, exclude=("out", "resume", "mixer", "init_from", "transfer_epochs", "transfer_lr", "distill",
+                                 "distill_weight", "distill_temperature"))
     p.set_defaults(func=run)
 
 

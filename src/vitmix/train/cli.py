@@ -36,6 +36,14 @@ _HELP = {
     "resume": "continue the run in --out from its last checkpoint",
     "device": "cpu | cuda | cuda:N (default: cuda if available)",
     "clip_grad": "gradient-norm clip (0 = off)",
+    "init_from": "start from this trained vitmix run directory or checkpoint (.safetensors/.pt), its attention "
+                 "converted to --mixer (docs/convert.md); the file is only read",
+    "transfer_epochs": "with --init-from: epochs of attention transfer (each mixer learns its teacher layer's "
+                       "output) before fine-tuning",
+    "transfer_lr": "learning rate of the attention-transfer stage",
+    "distill": "with --init-from: add logit distillation from the teacher to the fine-tuning loss",
+    "distill_weight": "w in (1 - w) x task loss + w x T^2 x KL(teacher || student)",
+    "distill_temperature": "softmax temperature T of the distillation",
     "train_subset": "train on a fixed random subset of this many images (seeded by --seed; validation stays whole)",
 }
 

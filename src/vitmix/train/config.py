@@ -51,6 +51,12 @@ class TrainConfig(YamlConfig):
     out: Optional[str] = None
     resume: bool = False
     device: Optional[str] = None
+    init_from: Optional[str] = None      # start from this trained run/checkpoint, converted to `mixer`
+    transfer_epochs: int = 0             # epochs of attention transfer before fine-tuning (needs init_from)
+    transfer_lr: float = 1e-4            # the transfer stage's AdamW learning rate
+    distill: bool = False                # add logit distillation from the init_from teacher
+    distill_weight: float = 0.5          # w in (1 - w) * task loss + w * T^2 * KL (DeiT's soft distillation)
+    distill_temperature: float = 1.0     # T (DeiT's default)
 
     def check_values(self) -> None:
         """A number out of range is a one-line ``ValueError`` naming the flag, before any work
@@ -66,6 +72,18 @@ class TrainConfig(YamlConfig):
             _check(name, getattr(self, name), lambda v: 0 <= v < 1, "in [0, 1)")
         _check("clip_grad", self.clip_grad, lambda v: v > 0, "> 0 (or null: no clipping)")
         _check("ema_decay", self.ema_decay, lambda v: 0 < v < 1, "between 0 and 1 (e.g. 0.9998)")
+        self._check_init_from()
+
+    def _check_init_from(self) -> None:
+        _check("transfer_epochs", self.transfer_epochs, lambda v: v >= 0, "an integer >= 0")
+        for name in ("transfer_lr", "distill_temperature"):
+            _check(name, getattr(self, name), lambda v: v > 0, "> 0")
+        _check("distill_weight", self.distill_weight, lambda v: 0 <= v <= 1, "in [0, 1]")
+        if not self.init_from:
+            used = "--transfer-epochs" if self.transfer_epochs else "--distill" if self.distill else None
+            if used:
+                raise ValueError(f"{used} needs --init-from RUN_OR_FILE: the trained model to start from and "
+                                 "learn from")
 
 
 def _check(name: str, value, ok, expected: str) -> None:

@@ -5,7 +5,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -43,6 +43,7 @@ class Recipe:
     sample_keys: Optional[SampleKeys] = None       # drop path keyed to (seed, epoch, sample index)
     max_steps: Optional[int] = None                # --max-steps (optimizer steps)
     keep_top_k: int = 1                            # --keep-top-k checkpoints kept under top/
+    distill: Optional[Callable] = None             # --distill: (task loss, logits, images) -> loss
 
 
 def _optimizer_step(model: nn.Module, r: Recipe, step: int) -> int:
@@ -93,6 +94,8 @@ def train_one_epoch(model: nn.Module, loader, r: Recipe, *, epoch: int, epochs: 
             with autocast(info.device, AMP_DTYPES[r.amp_dtype] if r.amp else None):
                 logits = model(images)
                 loss = r.loss_fn(logits.float(), targets)
+                if r.distill is not None:
+                    loss = r.distill(loss, logits, images)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower --lr or disable --amp")
             scaled = loss / r.accum_steps

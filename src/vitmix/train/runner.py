@@ -31,7 +31,11 @@ from ..runs import load_model, resolve_checkpoint  # noqa: F401  (re-exported: v
 from .compiled import CompiledWithFallback
 from .config import TrainConfig
 from .distributed import DistInfo, cleanup, init_distributed, key_drop_path
-from .engine import AMP_DTYPES, Recipe, evaluate, train_one_epoch
+from .engine import AMP_DTYPES, Recipe, _quiet, evaluate, train_one_epoch
+from .init_from import (
+    LogitDistillation, check_unchanged, check_world, find_teacher, load_converted, load_teacher, teacher_config,
+    transfer_stage,
+)
 from .plots import plot_curves
 
 
@@ -90,9 +94,11 @@ def _subset(train_set, size: Optional[int], seed: int):
 def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
     """What a checkpoint records to rebuild its model, and the epoch's ``epoch``/``val_acc``."""
     video = {} if data_info.num_frames is None else {"num_frames": data_info.num_frames}
+    start = {} if not cfg.init_from else {"init_from": cfg.init_from, "transfer_epochs": cfg.transfer_epochs,
+                                          "distill": cfg.distill}
     return {**model_meta(cfg), "img_size": img_size, "num_classes": data_info.num_classes,
             "in_chans": data_info.in_chans, "data": cfg.data, "epoch": metrics["epoch"], "val_acc": metrics["val_acc"],
-            **video, **({"data_dir": str(cfg.data_dir)} if cfg.data_dir else {})}
+            **video, **({"data_dir": str(cfg.data_dir)} if cfg.data_dir else {}), **start}
 
 
 def _rate_unit(data: str) -> str:
@@ -214,7 +220,14 @@ def world_loaders(train_set, val_set, cfg: TrainConfig, info: DistInfo):
 
 def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     check_numbers(cfg)
+    source = None
+    if cfg.init_from:                # the teacher gives the architecture (and, by default, the data)
+        source = find_teacher(cfg.init_from)
+        cfg = teacher_config(cfg, source)
+        check_world(cfg, info.world_size)
     run_dir = prepare_run_dir(cfg)   # first: a changed --resume is refused even where its new data is missing
+    if source is not None and cfg.resume:
+        check_unchanged(run_dir, source)
     seed_everything(cfg.seed, info.rank)
     img_size = cfg.img_size or default_img_size(cfg.model)
     train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment,
@@ -223,6 +236,10 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
     model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size,
                         data_info.num_frames).to(info.device)
+    teacher = None
+    if source is not None:
+        teacher = load_teacher(source, cfg, data_info, img_size, info.device)
+        load_converted(model, teacher, cfg)
     sample_keys = key_drop_path(model, cfg.seed)
     train_loader, val_loader, sampler = world_loaders(train_set, val_set, cfg, info)
     global_batch = cfg.batch_size * info.world_size * cfg.accum_steps
@@ -256,8 +273,12 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
         f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
         f"{f' (--lr × {global_batch}/{cfg.lr_base_batch})' if cfg.lr_base_batch else ''}; run dir {run_dir}")
 
-    t0 = time.perf_counter()
+    t0, start_record = time.perf_counter(), None
     try:
+        if teacher is not None:
+            start_record = _start_from_teacher(cfg, info, run_dir, source, unwrap(model), teacher, r,
+                                               (train_loader, val_loader, sampler), start_epoch > 0 or step > 0,
+                                               _meta(cfg, img_size, data_info, {"epoch": 0, "val_acc": None}), log)
         history, step = _epochs(cfg, info, model, r, (train_loader, val_loader, sampler), run_dir,
                                 (start_epoch, step, best_acc, history), lambda m: _meta(cfg, img_size, data_info, m),
                                 log, on_epoch)
@@ -265,7 +286,27 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
         raise FloatingPointError(abort_message(run_dir, err, info.is_main)) from None
     except KeyboardInterrupt:      # the last finished epoch is on disk: say how to go on from it
         raise KeyboardInterrupt(f"continue with `vitmix train --out {run_dir} --resume`") from None
-    return _finish(cfg, run_dir, history, n_params, step, time.perf_counter() - t0, info.is_main, log)
+    return _finish(cfg, run_dir, history, n_params, step, time.perf_counter() - t0, info.is_main, log,
+                   {"init_from": start_record} if start_record else {})
+
+
+def _start_from_teacher(cfg, info, run_dir, source, model, teacher, r: Recipe, loaders, resumed: bool, meta, log):
+    """The ``--init-from`` stage before the epochs (see :mod:`.init_from`): the attention transfer (or the
+    weights of a finished one), the random state restarted after it, the distillation loss. Returns the
+    run's ``init.json`` record (``None`` on other ranks)."""
+    log(f"starting from {source.checkpoint} ({source.meta.get('model', cfg.model)}, mixer="
+        f"{source.meta.get('mixer') or 'default'}), its attention converted to {cfg.mixer}"
+        f"{'; distilling its logits' if cfg.distill else ''}")
+    record = None
+    if info.is_main:
+        record = transfer_stage(run_dir, source, cfg, model, teacher, loaders, resumed=resumed, meta=meta,
+                                progress=not _quiet(info), log=log)
+    if not resumed:           # the fine-tune starts alike whether the transfer ran now or before a resume
+        seed_everything(cfg.seed, info.rank)    # (the EMA needs nothing: timm's first update copies the model)
+        loaders[0].generator.manual_seed(cfg.seed)
+    if cfg.distill:
+        r.distill = LogitDistillation(teacher, cfg.distill_weight, cfg.distill_temperature)
+    return record
 
 
 def _epochs(cfg, info, model, r, loaders, run_dir, start, meta_for, log, on_epoch):
@@ -317,13 +358,13 @@ def _validate(model, r, val_loader, info, cfg) -> dict:
     return metrics
 
 
-def _finish(cfg, run_dir, history, n_params, step, seconds, is_main, log) -> dict:
-    """``summary.json``, the curves, the summary table and the final line."""
+def _finish(cfg, run_dir, history, n_params, step, seconds, is_main, log, extra=None) -> dict:
+    """``summary.json``, the curves, the summary table and the final line; ``extra``: more summary entries."""
     summary = {"run_dir": str(run_dir), "model": cfg.model, "mixer": cfg.mixer, "data": cfg.data,
                "params": n_params, "epochs_run": len(history), "steps": step,
                "final_val_acc": history[-1]["val_acc"] if history else None,
                "best_val_acc": max((h["val_acc"] for h in history), default=None),
-               "train_seconds": seconds}
+               "train_seconds": seconds, **(extra or {})}
     if is_main and history:
         plot_curves(history, run_dir / "curves.png", f"{cfg.model} ({cfg.mixer or 'default'}) on {cfg.data}")
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

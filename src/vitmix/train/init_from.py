@@ -1,0 +1,256 @@
+"""``vitmix train --init-from RUN_OR_FILE --mixer NAME``: a run that starts from a trained model.
+
+The teacher (a vitmix run directory or checkpoint file, only ever read) is converted to ``--mixer``
+with :func:`vitmix.convert`; ``--transfer-epochs K`` first trains the new mixers to reproduce the
+teacher's attention (:func:`vitmix.conversion.transfer_attention`), and ``--distill`` adds the frozen
+teacher's logits to the fine-tuning loss (:class:`LogitDistillation`). What a resume needs is in
+the run directory: ``config.yaml`` names the teacher, ``init.json`` records its digest and the
+transfer stage, ``transfer.safetensors`` holds the weights the transfer ended with. See
+``docs/convert.md``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..runs import (
+    build_classifier, file_digest, flag_of, load_into, load_weights, read_state_dict, resolve_checkpoint,
+    save_text, save_weights,
+)
+from .config import TrainConfig
+
+#: the run's record of its teacher and transfer stage, and the weights the transfer stage ended with
+INIT_FILE = "init.json"
+TRANSFER_WEIGHTS = "transfer.safetensors"
+#: validation batches the layer MSE is measured on before and after the transfer stage
+MSE_BATCHES = 4
+#: what a teacher's metadata fixes: the student keeps the teacher's architecture
+_ARCHITECTURE = ("model", "model_options", "img_size", "num_frames")
+#: the metadata a vitmix checkpoint rebuilds its model from (a file without it is built from the flags)
+_REBUILD_KEYS = ("model", "num_classes", "in_chans", "img_size")
+
+
+@dataclass
+class TeacherSource:
+    """The teacher a run starts from: where it was asked for, the file read, its vitmix metadata
+    (empty for a bare ``.pt``/``.pth`` state dict or a file vitmix did not write), weights and digest."""
+
+    given: Path
+    checkpoint: Path
+    meta: dict
+    state: Dict[str, torch.Tensor] = field(repr=False)
+    sha256: str
+
+
+def find_teacher(init_from: str) -> TeacherSource:
+    """Read the teacher of ``--init-from``: a run directory (its best, else last, checkpoint) or a
+    checkpoint file; a missing path, a run without checkpoints or an unreadable file is a one-line error."""
+    given = Path(init_from).expanduser().absolute()
+    if not given.exists():
+        raise FileNotFoundError(f"--init-from {init_from}: no run directory or checkpoint file at {given}")
+    try:
+        path = resolve_checkpoint(given)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"--init-from: {err}") from None
+    if path.suffix == ".safetensors":
+        state, meta = load_weights(path)
+    elif path.suffix in (".pt", ".pth"):
+        state, meta = read_state_dict(path), {}
+    else:
+        raise ValueError(f"--init-from {path}: not a .safetensors, .pt or .pth checkpoint")
+    if not all(key in meta for key in _REBUILD_KEYS):
+        meta = {}
+    return TeacherSource(given, path, meta, state, file_digest(path))
+
+
+def teacher_config(cfg: TrainConfig, source: TeacherSource) -> TrainConfig:
+    """``cfg`` for a run from ``source``: the teacher's architecture (model, options, image size) from
+    its metadata — a flag asking for another is a one-line error — and, unless ``--data`` is given,
+    its data. A file without metadata is built from the flags (``--model``, ``--model-option``...)."""
+    if not cfg.mixer:
+        raise ValueError("--init-from needs --mixer NAME: the mixer the teacher's attention is converted to "
+                         "(see `vitmix mixers`)")
+    cfg = dataclasses.replace(cfg, init_from=str(source.given))
+    meta = source.meta
+    if not meta:
+        return cfg
+    default, values = TrainConfig(), {}
+    for name in _ARCHITECTURE:
+        theirs = meta.get(name) if name != "model_options" else meta.get(name) or {}
+        mine = getattr(cfg, name)
+        if name in ("img_size", "num_frames") and theirs is not None:
+            theirs = int(theirs)
+        if mine not in (theirs, getattr(default, name)):
+            raise ValueError(f"{flag_of(name)} {mine!r} differs from the teacher's {theirs!r} ({source.checkpoint}): "
+                             "the student keeps the teacher's architecture; drop the flag")
+        values[name] = theirs
+    if cfg.data == default.data and meta.get("data"):          # --data not given: the teacher's data
+        values["data"] = meta["data"]
+        if cfg.data_dir is None:
+            values["data_dir"] = meta.get("data_dir")
+    return dataclasses.replace(cfg, **values)
+
+
+def check_world(cfg: TrainConfig, world_size: int) -> None:
+    """The transfer stage trains on one process (its mixers' gradients are not averaged over ranks)."""
+    if cfg.transfer_epochs and world_size > 1:
+        raise ValueError(f"--transfer-epochs runs on one process, not {world_size} (the mixers' gradients are not "
+                         "averaged over ranks): train with one process, or with --transfer-epochs 0")
+
+
+def check_unchanged(run_dir: Path, source: TeacherSource) -> None:
+    """A resumed run needs the teacher it started from: a checkpoint rewritten since is a one-line error."""
+    record = read_record(run_dir)
+    if record is not None and record["teacher"]["sha256"] != source.sha256:
+        raise ValueError(f"--resume: the teacher {source.checkpoint} changed since {run_dir} started from it "
+                         f"(sha256 {record['teacher']['sha256'][:12]}..., now {source.sha256[:12]}...); resume needs "
+                         "the same teacher: restore it or start a new --out")
+
+
+def load_teacher(source: TeacherSource, cfg: TrainConfig, data_info, img_size: int, device) -> nn.Module:
+    """The teacher model, frozen (eval mode, no gradients) on ``device``. Its classes and channels must
+    be the data's: the student keeps the teacher's head."""
+    meta = source.meta
+    if meta:
+        if (meta["num_classes"], meta["in_chans"]) != (data_info.num_classes, data_info.in_chans):
+            raise ValueError(f"--init-from {source.checkpoint} was trained for {meta['num_classes']} classes / "
+                             f"{meta['in_chans']} channels, but --data {cfg.data} has {data_info.num_classes} / "
+                             f"{data_info.in_chans}; the student keeps the teacher's head")
+        teacher = build_classifier(meta["model"], meta["num_classes"], meta["in_chans"], int(meta["img_size"]),
+                                   meta.get("num_frames"), mixer=meta.get("mixer"),
+                                   mixer_options=meta.get("mixer_options"), model_options=meta.get("model_options"),
+                                   data=meta.get("data"))
+        where = str(source.checkpoint)
+    else:
+        teacher = build_classifier(cfg.model, data_info.num_classes, data_info.in_chans, img_size,
+                                   data_info.num_frames, model_options=cfg.model_options, data=cfg.data)
+        where = (f"--init-from {source.checkpoint} (no vitmix metadata, so the teacher is built from --model "
+                 f"{cfg.model}, --model-option and --img-size {img_size})")
+    load_into(teacher, source.state, where)
+    return teacher.to(device).eval().requires_grad_(False)
+
+
+def load_converted(student: nn.Module, teacher: nn.Module, cfg: TrainConfig) -> None:
+    """Give ``student`` (built for ``cfg.mixer``) the weights of the teacher converted to that mixer."""
+    from ..conversion import convert
+
+    converted = convert(teacher, cfg.mixer, **cfg.mixer_options)
+    load_into(student, converted.state_dict(), f"the {cfg.mixer} conversion of the teacher")
+
+
+def read_record(run_dir: Path) -> Optional[dict]:
+    path = Path(run_dir) / INIT_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _save_record(run_dir: Path, record: dict) -> None:
+    save_text(Path(run_dir) / INIT_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def _new_record(source: TeacherSource, cfg: TrainConfig) -> dict:
+    teacher = {"source": str(source.given), "checkpoint": str(source.checkpoint), "sha256": source.sha256,
+               "model": source.meta.get("model", cfg.model), "mixer": source.meta.get("mixer")}
+    return {"teacher": teacher, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
+            "transfer": {"epochs": cfg.transfer_epochs, "done": cfg.transfer_epochs == 0}, "distill": _distill(cfg)}
+
+
+def _distill(cfg: TrainConfig) -> Optional[dict]:
+    return {"weight": cfg.distill_weight, "temperature": cfg.distill_temperature} if cfg.distill else None
+
+
+class _Passes:
+    """The train loader for the transfer stage: its sampler moves to the next epoch at each pass, so
+    transfer epoch e sees the batches of fine-tuning epoch e."""
+
+    def __init__(self, loader, sampler) -> None:
+        self.loader, self.sampler, self.passes = loader, sampler, 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        self.sampler.set_epoch(self.passes)
+        self.passes += 1
+        return iter(self.loader)
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def transfer_stage(run_dir: Path, source: TeacherSource, cfg: TrainConfig, student: nn.Module, teacher: nn.Module,
+                   loaders, *, resumed: bool, meta: dict, progress: bool, log) -> dict:
+    """The run's start from its teacher: write (or, resuming, read) ``init.json``; unless epochs were
+    already resumed, run the ``--transfer-epochs`` stage on the train loader — or load the weights a
+    finished one left in ``transfer.safetensors``. Returns the record (also in ``summary.json``)."""
+    record = read_record(run_dir) or _new_record(source, cfg)
+    _save_record(run_dir, record)
+    stage = record["transfer"]
+    if resumed or not cfg.transfer_epochs:
+        return record
+    if stage["done"] and (run_dir / TRANSFER_WEIGHTS).is_file():
+        state, _ = load_weights(run_dir / TRANSFER_WEIGHTS)
+        load_into(student, state, str(run_dir / TRANSFER_WEIGHTS))
+        log(f"attention transfer: finished before the interruption; its weights from {run_dir / TRANSFER_WEIGHTS}")
+        return record
+    record["transfer"] = _transfer(cfg, student, teacher, loaders, progress, log)
+    save_weights(student, run_dir / TRANSFER_WEIGHTS, dict(meta, stage="transfer"))
+    _save_record(run_dir, record)                 # after the weights: "done" means they are on disk
+    return record
+
+
+def _transfer(cfg: TrainConfig, student, teacher, loaders, progress: bool, log) -> dict:
+    """``--transfer-epochs`` of attention transfer, and the layer MSE on validation batches before and after."""
+    from ..conversion import layer_mse, transfer_attention
+    from .engine import AMP_DTYPES
+
+    train_loader, val_loader, sampler = loaders
+    before = layer_mse(student, teacher, val_loader, batches=MSE_BATCHES)
+    log(f"attention transfer: {cfg.transfer_epochs} epoch(s) of {len(train_loader)} steps, lr {cfg.transfer_lr:g}; "
+        f"layer MSE {_mean(before.values()):.4g} at the start")
+    # bf16 only: fp16 would need a grad scaler the transfer stage does not keep
+    amp_dtype = AMP_DTYPES["bfloat16"] if cfg.amp and cfg.amp_dtype == "bfloat16" else None
+    start = time.perf_counter()
+    steps = transfer_attention(student, teacher, _Passes(train_loader, sampler), epochs=cfg.transfer_epochs,
+                               lr=cfg.transfer_lr, max_grad_norm=cfg.clip_grad, amp_dtype=amp_dtype,
+                               progress=progress)
+    seconds = time.perf_counter() - start
+    after = layer_mse(student, teacher, val_loader, batches=MSE_BATCHES)
+    per_epoch = len(train_loader)
+    rows = [{"stage": "transfer", "epoch": e + 1,
+             "train_layer_mse": _mean(v for layer in steps.values() for v in layer[e * per_epoch:(e + 1) * per_epoch])}
+            for e in range(cfg.transfer_epochs)]
+    log(f"attention transfer: layer MSE {_mean(before.values()):.4g} -> {_mean(after.values()):.4g} in {seconds:.1f}s")
+    return {"epochs": cfg.transfer_epochs, "done": True, "lr": cfg.transfer_lr, "seconds": seconds,
+            "history": rows, "val_layer_mse_before": before, "val_layer_mse_after": after}
+
+
+def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Hinton's soft-target loss: ``T² · KL(softmax(teacher/T) || softmax(student/T))``, averaged over
+    the batch (the T² keeps its gradients on the task loss's scale whatever T)."""
+    t = temperature
+    return F.kl_div(F.log_softmax(student_logits / t, dim=-1), F.log_softmax(teacher_logits / t, dim=-1),
+                    reduction="batchmean", log_target=True) * (t * t)
+
+
+class LogitDistillation:
+    """``--distill``: the fine-tuning loss ``(1 - w) · task loss + w · distill_loss(student, teacher, T)``,
+    the frozen teacher's logits computed under ``no_grad`` on the same (mixed, if mixup is on) images."""
+
+    def __init__(self, teacher: nn.Module, weight: float, temperature: float) -> None:
+        self.teacher, self.weight, self.temperature = teacher, weight, temperature
+
+    def __call__(self, task_loss: torch.Tensor, logits: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logits = self.teacher(images).float()
+        soft = distill_loss(logits.float(), teacher_logits, self.temperature)
+        return (1 - self.weight) * task_loss + self.weight * soft
