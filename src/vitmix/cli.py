@@ -18,6 +18,7 @@ _SUBCOMMAND_MODULES = (
     "vitmix.bench.cli",
     "vitmix.analysis.cli",
     "vitmix.generate.cli",
+    "vitmix.dense.cli",
     "vitmix.export",
     "vitmix.listing",
 )

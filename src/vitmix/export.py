@@ -152,6 +152,16 @@ def _checkpoint_meta(checkpoint: str) -> Optional[dict]:
 def _from_vitmix_checkpoint(name, mixer, checkpoint, img_size, meta) -> Tuple[object, int, int]:
     from .runs import load_model
 
+    def load(path, device):
+        if meta.get("task") == "segmentation":   # a `vitmix dense` segmenter: images → per-pixel logits
+            from .dense.runner import load_dense
+
+            return load_dense(path, device)[0]
+        if meta.get("task") == "detection":
+            raise ValueError(f"{checkpoint} is a detector (torchvision R-CNN: lists of images in, lists of dicts "
+                             "out); `vitmix export` exports classifiers and segmenters")
+        return load_model(path, device)
+
     if meta["model"] != name or (mixer is not None and mixer != meta.get("mixer")):
         raise ValueError(f"{checkpoint} holds {meta['model']} (mixer={meta.get('mixer') or 'default'}), not "
                          f"{name}{f' (mixer={mixer})' if mixer else ''}; pass --model {meta['model']}"
@@ -159,7 +169,7 @@ def _from_vitmix_checkpoint(name, mixer, checkpoint, img_size, meta) -> Tuple[ob
     if img_size is not None and img_size != int(meta["img_size"]):
         raise ValueError(f"{checkpoint} was trained at img_size={meta['img_size']}; drop --img-size "
                          f"(the checkpoint's size is used)")
-    return load_model(checkpoint, "cpu"), int(meta["in_chans"]), int(meta["img_size"])
+    return load(checkpoint, "cpu"), int(meta["in_chans"]), int(meta["img_size"])
 
 
 def example_call(model, batch: int, seed: Optional[int] = None) -> tuple:

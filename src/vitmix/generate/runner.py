@@ -27,7 +27,7 @@ from ..data import build_datasets
 from ..models import create_model, is_vitmix_model, list_models
 from ..models.dit import GENERATION, model_task
 from ..runs import (
-    EMA_FIRST, Trainable, atomic_write, check_subset, load_into, load_weights, model_meta, parse_device,
+    EMA_FIRST, Trainable, atomic_write, check_subset, checked_step, load_into, load_weights, model_meta, parse_device,
     prepare_run_dir as _prepare_run_dir, resolve_checkpoint, resume_run, save_manifest, save_metrics, save_run_config,
     save_text, save_weights, seeded_subset,
 )
@@ -236,13 +236,7 @@ def _train_epoch(model, ema, optimizer, diffusion, data: Tuple[Tensor, Tensor], 
             break
         idx = order[start:start + bs]
         loss = diffusion.training_loss(model, x[idx].to(device), y[idx].to(device))
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"the loss became {loss.item()} at step {step + 1}; lower --lr or set --clip-grad")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.clip_grad:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-        optimizer.step()
+        checked_step(loss, model, optimizer, cfg.clip_grad, step, hint="lower --lr or set --clip-grad")
         step += 1
         if ema is not None:
             ema.update(model, step=step)

@@ -1,8 +1,8 @@
-"""What every training task shares (``vitmix train``, ``vitmix generate train``): the run directory
-(:mod:`.directory`), checkpoint IO and :func:`load_model` (:mod:`.checkpoints`), one epoch's
-checkpoint set and ``--resume`` (:mod:`.resume`), ``--device`` (:mod:`.device`), and the YAML
-config and CLI flags (:mod:`.flags`). A task keeps only its loop, its config class, its checkpoint
-files and the fields a resume may change."""
+"""What every training task shares (``vitmix train``, ``vitmix generate train``, ``vitmix dense train``):
+the run directory (:mod:`.directory`), checkpoint IO and :func:`load_model` (:mod:`.checkpoints`), one
+epoch's checkpoint set and ``--resume`` (:mod:`.resume`), one checked optimizer step (:mod:`.optim`),
+``--device`` (:mod:`.device`), and the YAML config and CLI flags (:mod:`.flags`). A task keeps only its
+loop, its config class, its checkpoint files and the fields a resume may change."""
 from .._lazy import lazy_attributes
 
 # names are imported on first use, so the CLI's parsers (which use .flags) start without torch
@@ -18,6 +18,7 @@ _EXPORTS = {
     "check_replaceable": ".directory:check_replaceable",
     "check_resumable": ".directory:check_resumable",
     "check_subset": ".resume:check_subset",
+    "checked_step": ".optim:checked_step",
     "clear_aborted": ".directory:clear_aborted",
     "default_device": ".device:default_device",
     "file_digest": ".checkpoints:file_digest",
