@@ -204,14 +204,30 @@ def budget_label(cfg: TrainConfig) -> str:
     return f"{cfg.epochs} ep × {cfg.train_subset or 'all'} img"
 
 
-def grid_table(points, run_root: Path) -> list:
-    """One row per point × entry: the finished seeds' final accuracies, planned seed count."""
-    rows = {}
+def committed_finals(out: Path, forget=()) -> dict:
+    """``{(config, entry, seed): final}`` of the committed ``results.json`` in ``out`` (run folders are not
+    in git, so a fresh checkout reads the grid's numbers back from there), leaving out the entries in
+    ``forget`` (those whose defaults changed since: they are retrained)."""
+    path = out / "results.json"
+    if not path.is_file():
+        return {}
+    rows = json.loads(path.read_text()).get("rows", [])
+    return {(r["config"], r["entry"], int(seed)): final for r in rows if r["entry"] not in forget
+            for seed, final in r["finals"].items()}
+
+
+def grid_table(points, run_root: Path, committed=None) -> list:
+    """One row per point × entry: the finished seeds' final accuracies (a finished run, else the committed
+    value, whose seeds ``committed_seeds`` lists), planned seed count."""
+    rows, committed = {}, committed or {}
     for p, seed, entry in grid_runs(points, run_root):
         row = rows.setdefault((p["config"].stem, entry.label), {
             "config": p["config"].as_posix(), "shape": shape_label(p["cfg"]), "budget": budget_label(p["cfg"]),
-            "entry": entry.label, "planned": p["seeds"][entry.label], "finals": {}})
+            "entry": entry.label, "planned": p["seeds"][entry.label], "finals": {}, "committed_seeds": []})
         final = finished_final(entry)
+        if final is None and (row["config"], entry.label, seed) in committed:
+            final = committed[(row["config"], entry.label, seed)]
+            row["committed_seeds"].append(seed)
         if final is not None:
             row["finals"][seed] = final
     for row in rows.values():
@@ -246,8 +262,11 @@ def grid_report(rows, goals, spec_path: Path, env: dict, cmd: str) -> str:
             return "not measured"
         return f"{r['mean']:.2f} ± {r['std']:.2f} ({r['n']})" if r["std"] is not None else f"{r['mean']:.2f} (1)"
 
+    def seed_value(r, s):
+        return f"{r['finals'][s]:.2f}" + ("†" if s in r.get("committed_seeds", ()) else "")
+
     cells = [[r["shape"], r["budget"], r["entry"], pm(r), f"{r['n']}/{r['planned']}",
-              ", ".join(f"{r['finals'][s]:.2f}" for s in sorted(r["finals"])) or "–"] for r in rows]
+              ", ".join(seed_value(r, s) for s in sorted(r["finals"])) or "–"] for r in rows]
     verdict = {True: "holds", False: "**fails**", None: "not measured"}
     goal_cells = [[g["shape"], g["budget"], g["goal"], "–" if g["margin"] is None else f"{g['margin']:+.2f}",
                    verdict[g["holds"]] + ("" if g["complete"] or g["holds"] is None else " (partial seeds)")]
@@ -258,7 +277,9 @@ def grid_report(rows, goals, spec_path: Path, env: dict, cmd: str) -> str:
         f"torch {env['torch']}, {env['date_utc']}. Final top-1 (%) on the full validation split "
         "(Fashion-MNIST: the 10k test set); mean ± sample std (n finished seeds); seed S also draws "
         "the training subset. A run made before a default changed is read back as it is: delete its "
-        "folder under runs/learning/grid/ to retrain it.", "",
+        "folder under runs/learning/grid/ to retrain it. † a value read back from the committed "
+        "results.json (its run folder is not on this machine); `--forget ENTRY` drops those of an entry "
+        "whose defaults changed, so that it is retrained.", "",
         markdown_table(["shape (width×heads)", "budget", "entry", "final mean ± std (n)", "seeds done",
                         "per seed"], cells),
         "", "Goals (margin = difference of the means, points):", "",
@@ -291,8 +312,8 @@ def grid_plot(rows, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write_grid(points, spec_path: Path, run_root: Path, out: Path, env: dict, cmd: str) -> str:
-    rows = grid_table(points, run_root)
+def write_grid(points, spec_path: Path, run_root: Path, out: Path, env: dict, cmd: str, committed=None) -> str:
+    rows = grid_table(points, run_root, committed)
     goals = grid_goals(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"grid": spec_path.as_posix(), "command": cmd, "environment": env,
@@ -311,15 +332,17 @@ def run_grid(args, env: dict, cmd: str) -> None:
     run_root = Path("runs") / "learning" / spec_path.parent.name
     out = args.out or ROOT / "results" / "learning" / spec_path.parent.name
     want = {name: {x for x in (getattr(args, name) or "").split(",") if x} for name in ("points", "entries", "seeds")}
+    committed = committed_finals(out, forget={x for x in args.forget.split(",") if x})
     if not args.report_only:
         for p, seed, entry in grid_runs(points, run_root):
             if ((want["points"] and p["config"].stem not in want["points"])
                     or (want["entries"] and entry.label not in want["entries"])
-                    or (want["seeds"] and str(seed) not in want["seeds"]) or finished_final(entry) is not None):
+                    or (want["seeds"] and str(seed) not in want["seeds"]) or finished_final(entry) is not None
+                    or (p["config"].as_posix(), entry.label, seed) in committed):
                 continue
             run_entry(entry)
-            write_grid(points, spec_path, run_root, out, env, cmd)
-    print(write_grid(points, spec_path, run_root, out, env, cmd))
+            write_grid(points, spec_path, run_root, out, env, cmd, committed)
+    print(write_grid(points, spec_path, run_root, out, env, cmd, committed))
 
 
 def main(argv=None) -> None:
@@ -336,6 +359,8 @@ def main(argv=None) -> None:
     ap.add_argument("--points", default="", help="--grid: train only these configs (file stems, comma-separated)")
     ap.add_argument("--entries", default="", help="--grid: train only these mixers/models (comma-separated)")
     ap.add_argument("--report-only", action="store_true", help="--grid: train nothing, tabulate finished runs")
+    ap.add_argument("--forget", default="", help="--grid: entries whose committed values are dropped (their "
+                    "defaults changed) and retrained, comma-separated")
     args = ap.parse_args(argv)
     os.environ.setdefault("TQDM_DISABLE", "1")
     if args.grid:

@@ -157,3 +157,34 @@ def test_learning_grid_filters_and_bad_specs(tmp_path, monkeypatch):
     (grid / "grid.yaml").write_text("points: []\n")
     with pytest.raises(ValueError, match="points"):
         learning.main(["--grid", str(grid), "--out", str(tmp_path / "out")])
+
+
+def test_learning_grid_reads_committed_values_back_without_the_runs_and_forget_retrains(tmp_path, monkeypatch):
+    """Run folders are not in git: on a fresh checkout the grid reads each seed's value back from the
+    committed results.json (marked †) instead of retraining it; --forget ENTRY drops an entry's
+    committed values, so that it is retrained (after its defaults changed)."""
+    import shutil
+
+    import vitmix.compare.runner as runner
+
+    learning = _load("learning")
+    grid = _tiny_grid(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    only = ["--entries", "softmax", "--seeds", "1"]
+    learning.main(["--grid", str(grid), "--out", str(out), *only])
+    first = {r["entry"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    shutil.rmtree(tmp_path / "runs")                                        # a fresh checkout
+
+    real_train = runner.train
+    monkeypatch.setattr(runner, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
+    learning.main(["--grid", str(grid), "--out", str(out), *only])
+    again = {r["entry"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert again["softmax"]["finals"] == first["softmax"]["finals"] and again["softmax"]["committed_seeds"] == [1]
+    assert f"{first['softmax']['finals']['1']:.2f}†" in (out / "results.md").read_text()
+
+    trained = []
+    monkeypatch.setattr(runner, "train", lambda *a, **k: trained.append(1) or real_train(*a, **k))
+    learning.main(["--grid", str(grid), "--out", str(out), *only, "--forget", "softmax"])
+    last = {r["entry"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert trained and last["softmax"]["committed_seeds"] == [] and last["softmax"]["n"] == 1
