@@ -174,6 +174,12 @@ def test_isotropic_backbone_with_any_mixer(folders, tmp_path):
     assert load_weights(out / "last.safetensors")[1]["mixer"] == "fibottention"
 
 
+def test_the_resnet18_fpn_baseline_trains_from_the_cli(folders, tmp_path):
+    out = tmp_path / "resnet"
+    assert _segment(folders, out, "--epochs", "1", "--model", "resnet18") == 0
+    assert load_weights(out / "last.safetensors")[1]["model"] == "resnet18" and len(_history(out)) == 1
+
+
 def test_torchrun_two_processes_equal_one_process(folders, tmp_path):
     """Two gloo processes × 2 images and one process × 4 images: the same batches (the sampler splits
     each global batch), so the same losses and weights up to the two-way gradient average's rounding.

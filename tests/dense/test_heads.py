@@ -88,3 +88,14 @@ def test_faster_rcnn_on_an_isotropic_backbone_keeps_the_input_size(scenes):
     assert list(features) == ["0", "1", "2", "3", "pool"]
     assert [m.shape[-1] for m in features.values()] == [32, 16, 8, 4, 2]
     assert model.transform.min_size == (128,) and model.transform.max_size == 128
+
+
+def test_a_timm_cnn_gives_its_four_levels_at_strides_4_to_32():
+    """ResNet-18-FPN, the dense baseline: timm's resnet18 (no img_size argument, a stride-2 stem level
+    left out) behind the same FPN and heads."""
+    from vitmix.dense import DenseBackbone
+
+    backbone = DenseBackbone("resnet18", img_size=64)
+    assert backbone.channels == [64, 128, 256, 512] and tuple(backbone.strides) == (4, 8, 16, 32)
+    maps = backbone(torch.randn(1, 3, 64, 64))
+    assert [tuple(m.shape[-2:]) for m in maps.values()] == [(16, 16), (8, 8), (4, 4), (2, 2)]

@@ -93,13 +93,16 @@ class DenseBackbone(nn.Module):
     def __init__(self, name: str, img_size=None, mixer: Optional[str] = None, pyramid_channels: int = 64,
                  **model_kwargs):
         super().__init__()
-        isotropic = _is_isotropic(name, mixer, model_kwargs)
-        if img_size is not None:
+        if img_size is not None and _takes_img_size(name, mixer, model_kwargs):   # CNNs (timm's resnet18) do not
             model_kwargs["img_size"] = img_size
+        strides = _feature_strides(name, mixer, model_kwargs)
+        isotropic = len(set(strides)) == 1
         if mixer is not None:
             model_kwargs["mixer"] = mixer
         if isotropic:   # the last block only (ViTDet): the pyramid is built from it
             model_kwargs["out_indices"] = (-1,)
+        elif len(strides) > 4:   # e.g. a ResNet's stride-2 stem level: the four levels at strides 4-32
+            model_kwargs["out_indices"] = tuple(i for i, s in enumerate(strides) if s >= 4)[-4:]
         self.body = create_model(name, features_only=True, pretrained=False, **model_kwargs)
         info = self.body.feature_info
         if isotropic:
@@ -118,15 +121,29 @@ class DenseBackbone(nn.Module):
         return OrderedDict((str(i), m) for i, m in enumerate(maps))
 
 
-def _is_isotropic(name: str, mixer, model_kwargs: dict) -> bool:
-    """Whether ``name``'s feature maps share one stride (read from a meta-device build, so it costs nothing)."""
+def _probe(name: str, mixer, model_kwargs: dict):
+    """``name`` built on the meta device (costs nothing): its ``feature_info`` without weights."""
     kwargs = {k: v for k, v in model_kwargs.items() if k not in ("out_indices", "pretrained")}
     if mixer is not None:
         kwargs["mixer"] = mixer
     with torch.device("meta"):
-        probe = create_model(name, pretrained=False, **kwargs)
-    strides = {int(f["reduction"]) for f in probe.feature_info}
-    return len(strides) == 1
+        return create_model(name, pretrained=False, **kwargs)
+
+
+def _feature_strides(name: str, mixer, model_kwargs: dict) -> List[int]:
+    """The stride of each of ``name``'s feature maps (one value for all of an isotropic model's)."""
+    return [int(f["reduction"]) for f in _probe(name, mixer, model_kwargs).feature_info]
+
+
+def _takes_img_size(name: str, mixer, model_kwargs: dict) -> bool:
+    """Whether ``name``'s constructor takes ``img_size`` (ViTs and vitmix's pyramids do, timm's CNNs not)."""
+    try:
+        _probe(name, mixer, dict(model_kwargs, img_size=224))
+    except (TypeError, ValueError) as err:
+        if "img_size" in str(err):
+            return False
+        raise
+    return True
 
 
 def check_input_size(hw: Sequence[int], max_stride: int) -> None:

@@ -49,11 +49,14 @@ def _progress(**kwargs):
 # checks, data, models
 # ----------------------------------------------------------------------------------------------
 def check_model(name: str) -> None:
-    """``name`` must be a registered model (a one-line ``ValueError`` with close matches)."""
+    """``name`` must be a vitmix model or a timm one (a CNN baseline such as ``resnet18``): a one-line
+    ``ValueError`` with close matches."""
+    import timm
+
     from ..models import list_models
 
     known = list_models()
-    if name.split(".")[0] not in known:
+    if name.split(".")[0] not in known and not timm.is_model(name.split(".")[0]):
         raise ValueError(f"unknown backbone {name!r}." + close_matches(name, known, n=3)
                          + " Small dense backbones: laplacianformer_nano, soft_nano, soft_norm_nano, weightformer_nano")
 
