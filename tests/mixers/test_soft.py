@@ -63,6 +63,7 @@ def soft_reference(layer, x, prefix, H, W, inverse="newton"):
 
 
 def _make(name="soft", dim=48, heads=3, **opts):
+    opts.setdefault("num_landmarks", None)   # one landmark per stride block, as soft_reference pools
     layer = mixers.create(name, dim, heads, qkv_bias=True, **opts).double()
     with torch.no_grad():  # non-trivial LayerNorm affine so the reference checks it is used
         for p in layer.parameters():
@@ -129,7 +130,7 @@ def test_kernel_matrix_is_symmetric_with_unit_diagonal_when_landmarks_are_all_to
     # avgpool with stride 1: the landmarks are the tokens, so Ŝ = S·NS(S)·S; with the exact
     # inverse of S + εI this is ≈ S (tied Q = K gives a symmetric S with S_ii = 1)
     layer = mixers.create("soft", 32, 2, landmark_stride=1, landmarks="avgpool", inverse="exact",
-                          conv_kernel=0, num_prefix_tokens=0).double()
+                          conv_kernel=0, num_prefix_tokens=0, num_landmarks=None).double()
     x = torch.randn(2, 16, 32, dtype=torch.float64)
     amap = layer.attention_map(x)
     torch.testing.assert_close(amap, amap.transpose(-1, -2), rtol=1e-9, atol=1e-9)
@@ -148,7 +149,7 @@ def test_attention_map_reproduces_the_layer_without_local_term():
 
 def test_soft_norm_differs_from_soft_only_by_landmark_degrees():
     soft = _make("soft", num_prefix_tokens=0)
-    norm = mixers.create("soft_norm", 48, 3, qkv_bias=True, num_prefix_tokens=0).double()
+    norm = mixers.create("soft_norm", 48, 3, qkv_bias=True, num_prefix_tokens=0, num_landmarks=None).double()
     norm.load_state_dict(soft.state_dict())
     x = torch.randn(1, 64, 48, dtype=torch.float64)
     assert isinstance(norm, SoftNormAttention) and isinstance(norm, SoftAttention)
@@ -158,7 +159,8 @@ def test_soft_norm_differs_from_soft_only_by_landmark_degrees():
 
 def test_fixed_landmark_count_by_adaptive_pooling():
     layer = _make("soft", landmark_stride=2, num_landmarks=16, num_prefix_tokens=0).eval()
-    fixed = mixers.create("soft", 48, 3, qkv_bias=True, landmark_stride=2, num_prefix_tokens=0).double().eval()
+    fixed = mixers.create("soft", 48, 3, qkv_bias=True, landmark_stride=2, num_prefix_tokens=0,
+                          num_landmarks=None).double().eval()
     fixed.load_state_dict(layer.state_dict())
     x = torch.randn(1, 64, 48, dtype=torch.float64)
     # at the grid the conv was made for (8x8 = 4·2 x 4·2) adaptive pooling is the identity

@@ -1,7 +1,8 @@
 """The shared base of the Nyström landmark mixers: SOFT, SOFT-Norm and LaplacianFormer.
 
 All three pool ``m`` landmarks from the ``H×W`` token grid with a stride, at most 7×7 of them by
-default (O(N) at any resolution), approximate the kernel attention through the ``m×m`` landmark
+default (O(N) at any resolution) and never so many that the approximation costs more FLOPs than the
+exact attention it replaces (small grids), approximate the kernel attention through the ``m×m`` landmark
 kernel and a Newton–Schulz inverse, and add a local depthwise convolution of ``V``. What they share
 lives here once: the landmark options and their checks, ``landmark_count``, the facts the models
 and benchmarks read (``complexity``, ``bench_options``, ...) and the O(N²) ``attention_map``.
@@ -53,8 +54,28 @@ class LandmarkMixer(TokenMixer):
         self.grid_remainder = grid_remainder
 
     def landmark_count(self, h: int, w: int) -> Tuple[int, int]:
-        """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits)."""
-        return landmark_shape(type(self).__name__, h, w, self.landmark_stride, self.landmark_hw, self.grid_remainder)
+        """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits).
+
+        With ``num_landmarks="auto"`` the grid of :func:`~vitmix.mixers.grid.landmark_shape` (one
+        landmark per stride block, at most 7×7) is shrunk, longer side first, until the kernel
+        attention's FLOPs (:meth:`landmark_flops`) are at most those of exact attention on the same
+        ``N = h·w`` tokens (``4·N²·d`` per head), but not below 2×2. At N = 196 and head dim 32 that is 5×5 instead of
+        7×7: there 49 landmarks and 20 Newton–Schulz steps cost three times exact attention (laplacian).
+        """
+        mh, mw = landmark_shape(type(self).__name__, h, w, self.landmark_stride, self.landmark_hw, self.grid_remainder)
+        return self._within_exact_cost(h * w, mh, mw) if self.landmark_hw == "auto" else (mh, mw)
+
+    def _within_exact_cost(self, n: int, mh: int, mw: int) -> Tuple[int, int]:
+        exact = 4 * n * n * self.head_dim        # Q·Kᵀ and A·V of one head
+        for side in range(max(mh, mw), 2, -1):
+            if self.landmark_flops(n, min(mh, side) * min(mw, side)) <= exact:
+                return min(mh, side), min(mw, side)
+        return min(mh, 2), min(mw, 2)       # never below 2×2: one landmark is a rank-1 map
+
+    def landmark_flops(self, n: int, m: int) -> int:
+        """FLOPs of the kernel attention of one (batch, head) slice with ``m`` landmarks at ``n`` tokens:
+        everything whose cost depends on ``m`` (the projections and the local conv do not)."""
+        raise NotImplementedError
 
     def _landmark_repr(self) -> str:
         return f"landmark_stride={self.landmark_stride}, num_landmarks={self.landmark_hw!r}"

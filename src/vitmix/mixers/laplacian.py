@@ -12,7 +12,8 @@ documented in ``docs/soft-laplacianformer.md``:
   ``qk_norm=True`` adds a per-head LayerNorm on ``q`` and ``k`` before the scaling;
 * **separate** ``Q`` and ``K`` projections (one fused ``qkv`` linear, as timm);
 * **landmarks** by average pooling ``r×r`` with stride ``r`` (``landmark_stride``) of the grid queries and
-  keys, at most 7×7 = 49 of them by default (adaptive pooling: O(N) at any resolution);
+  keys, at most 7×7 = 49 of them by default (adaptive pooling: O(N) at any resolution), fewer on small
+  grids where 49 would cost more than exact attention;
 * ``Ĝ = K(Q, K̃) · NS(K(Q̃, K̃)) · K(Q̃, K)`` evaluated right to left; the landmark matrix is not
   symmetric, so Newton–Schulz starts from ``α·Pᵀ`` (never diverges; ``newton_alpha="safe"`` gives the
   faster-converging start of :func:`vitmix.ops.newton_schulz_inverse`);
@@ -82,9 +83,12 @@ class LaplacianAttention(LandmarkMixer):
             the pyramid; default 2).
         pool_ratio: deprecated name of ``landmark_stride`` (warns).
         num_landmarks: ``"auto"`` (default): one landmark per ``r×r`` block, at most 7×7 = 49, by
-            adaptive average pooling — 16 landmarks on an 8×8 grid, 49 on 14×14 and on any larger
-            grid, so the layer is O(N) at any resolution; a perfect square or ``(mh, mw)``: that fixed
-            count; ``None``: ``r×r`` pooling alone (m = N/r², quadratic cost at high resolution).
+            adaptive average pooling, and on small grids no more than keep the kernel attention within
+            exact attention's FLOPs — at head dim 32: 9 landmarks on an 8×8 grid, 25 on 14×14, 49 from
+            28×28 up — so the layer is O(N) at any resolution and never costlier than what it
+            approximates (:meth:`~vitmix.mixers.landmark.LandmarkMixer.landmark_count`); a perfect
+            square or ``(mh, mw)``: that fixed count; ``None``: ``r×r`` pooling alone (m = N/r²,
+            quadratic cost at high resolution).
         lam: Laplacian kernel bandwidth λ (default 4).
         qk_scale: multiplier of ``q`` and ``k`` before the L1 distance; ``None`` → ``d^(-1/2)``.
         normalize: apply the injective normalised feature map (default) or not (ablation).
@@ -319,17 +323,20 @@ class LaplacianAttention(LandmarkMixer):
         return out.permute(0, 2, 3, 1).reshape(b, h * w, nh * d)
 
     def analytic_flops(self, batch: int, n: int) -> int:
-        d, h = self.head_dim, self.num_heads
+        h = self.num_heads
         m = landmark_total(self, n)
         total = linears_flops(self, batch * n)  # qkv, proj
         if not (getattr(self, "rope", False) or self.qk_normed) and n >= 8 * m:
             # landmarks: the pooled input projected by the q/k rows of qkv (pooling commutes with it);
             # done only when N >= 8m, otherwise q and k are pooled (no FLOPs)
             total += linear_flops(batch * m, self.dim, 2 * self.dim)
-        total += batch * h * nystrom_flops(n, m, d, self.newton_iters, tied=False,
-                                           normalization="injective" if self.normalize else None,
-                                           inverse=self.inverse, start=self.newton_alpha)
+        total += batch * h * self.landmark_flops(n, m)
         return total + local_conv_flops(self, batch, n)
+
+    def landmark_flops(self, n: int, m: int) -> int:
+        return nystrom_flops(n, m, self.head_dim, self.newton_iters, tied=False,
+                             normalization="injective" if self.normalize else None,
+                             inverse=self.inverse, start=self.newton_alpha)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         q, k, v, lq, lk, _ = self._project(x, grid)

@@ -108,8 +108,10 @@ class SoftAttention(LandmarkMixer):
         landmarks: ``"conv"`` (official: ``s×s`` stride-``s`` conv shared by heads, no bias, then
             LayerNorm + GELU) or ``"avgpool"`` (the paper's parameter-free average pooling).
         num_landmarks *(preset)*: ``"auto"`` (default): one landmark per ``s×s`` block, at most 7×7 =
-            49 (the papers' m), so the layer is O(N) at any resolution and equal to the official
-            stride up to a ``7s×7s`` grid; a perfect square or ``(mh, mw)``: that fixed count;
+            49 (the papers' m), so the layer is O(N) at any resolution, and on small grids no more
+            than keep the layer's kernel attention within exact attention's FLOPs (5×5 at 14×14
+            tokens and head dim 32; see :meth:`~vitmix.mixers.landmark.LandmarkMixer.landmark_count`);
+            a perfect square or ``(mh, mw)``: that fixed count;
             ``None`` (official): the stride alone (m grows with the input, quadratic cost at high
             resolution). When the count is fixed and ``landmarks="conv"``, the grid is first
             adaptively pooled to ``(mh·s, mw·s)`` and the learnt conv applied (identity at the
@@ -288,14 +290,16 @@ class SoftAttention(LandmarkMixer):
         return out.to(out_dtype)
 
     def analytic_flops(self, batch: int, n: int) -> int:
-        d, h, s = self.head_dim, self.num_heads, self.landmark_stride
         m = landmark_total(self, n)
         total = linears_flops(self, batch * n)  # W_q, W_v, ff
-        if self.landmarks == "conv":
-            total += 2 * batch * h * m * d * d * s * s
-        total += batch * h * nystrom_flops(n, m, d, self.newton_iters, tied=True,
-                                           normalization=self.normalization, inverse=self.inverse)
+        total += batch * self.num_heads * self.landmark_flops(n, m)
         return total + local_conv_flops(self, batch, n)
+
+    def landmark_flops(self, n: int, m: int) -> int:
+        d, s = self.head_dim, self.landmark_stride
+        conv = 2 * m * d * d * s * s if self.landmarks == "conv" else 0    # the learnt landmark conv
+        return conv + nystrom_flops(n, m, d, self.newton_iters, tied=True, normalization=self.normalization,
+                                    inverse=self.inverse)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix, h, w = grid
