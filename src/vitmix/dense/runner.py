@@ -263,14 +263,22 @@ def prepare_run_dir(cfg: DenseConfig) -> Path:
                             f"dense-{cfg.task}-{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}")
 
 
-def _loader(dataset, cfg: DenseConfig, dist_info, shuffle: bool):
+def _train_loader(dataset, cfg: DenseConfig, dist_info):
+    """This rank's shuffled share of the training scenes (the same shards for a seed at any world size)."""
     from torch.utils.data import DataLoader, DistributedSampler
 
-    per_rank = cfg.batch_size // dist_info.world_size
-    sampler = DistributedSampler(dataset, dist_info.world_size, dist_info.rank, shuffle=shuffle, seed=cfg.seed,
-                                 drop_last=shuffle)
-    return DataLoader(dataset, batch_size=per_rank if shuffle else max(per_rank, 1), sampler=sampler,
-                      drop_last=shuffle, num_workers=cfg.workers, collate_fn=_collate(cfg.task))
+    sampler = DistributedSampler(dataset, dist_info.world_size, dist_info.rank, shuffle=True, seed=cfg.seed,
+                                 drop_last=True)
+    return DataLoader(dataset, batch_size=cfg.batch_size // dist_info.world_size, sampler=sampler, drop_last=True,
+                      num_workers=cfg.workers, collate_fn=_collate(cfg.task))
+
+
+def _val_loader(dataset, task: str, batch_size: int, workers: int = 0):
+    """The validation scenes in order (every rank evaluates all of them)."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(dataset, batch_size=max(1, batch_size), shuffle=False, num_workers=workers,
+                      collate_fn=_collate(task))
 
 
 def _scheduler(optimizer, cfg: DenseConfig, steps_per_epoch: int):
@@ -317,7 +325,7 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
     torch.manual_seed(cfg.seed)
     model = build_dense_model(_meta(cfg, num_classes, classes, 0)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    train_loader, val_loader = _loader(train_set, cfg, dist_info, True), None
+    train_loader = _train_loader(train_set, cfg, dist_info)
     scheduler = _scheduler(optimizer, cfg, len(train_loader))
     start, step, history, best = 0, 0, [], -math.inf
     if cfg.resume:
@@ -342,10 +350,7 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
         f"{cfg.data} ({len(train_set)} train / {len(val_set)} val images, {cfg.img_size}px, {num_classes} classes) "
         f"for {cfg.epochs} epochs, batch {cfg.batch_size}, device={device}, world size {dist_info.world_size}; "
         f"run dir {run_dir}")
-    from torch.utils.data import DataLoader
-
-    val_loader = DataLoader(val_set, batch_size=max(1, cfg.batch_size // dist_info.world_size), shuffle=False,
-                            num_workers=cfg.workers, collate_fn=_collate(cfg.task))
+    val_loader = _val_loader(val_set, cfg.task, cfg.batch_size // dist_info.world_size, cfg.workers)
     key = SCORE[cfg.task]
     for epoch in range(start, cfg.epochs):
         if cfg.max_steps is not None and step >= cfg.max_steps:
@@ -437,8 +442,6 @@ def evaluate_dense(checkpoint, data_dir: Optional[str] = None, batch_size: int =
                    amp: bool = False, val_scenes: Optional[int] = None) -> dict:
     """The task's validation numbers of a dense checkpoint on the validation split it was trained with
     (``fashion-scenes``: the run's own validation scenes; ``data_dir`` overrides the run's folder)."""
-    from torch.utils.data import DataLoader
-
     model, meta, path = load_dense(checkpoint, device)
     run_cfg = _run_config(path)
     values = dict(run_cfg, data_dir=data_dir or run_cfg.get("data_dir"))
@@ -447,7 +450,7 @@ def evaluate_dense(checkpoint, data_dir: Optional[str] = None, batch_size: int =
     cfg = DenseConfig.from_dict({k: v for k, v in values.items() if k in DenseConfig.field_names()})
     _, val_set, num_classes, _ = build_data(cfg)
     task = cfg.task
-    loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, collate_fn=_collate(task))
+    loader = _val_loader(val_set, task, batch_size)
     dev = next(model.parameters()).device
     result = evaluate(model, loader, task, num_classes, dev, amp, masks=meta.get("masks", True))
     return {"checkpoint": str(path), "task": task, "model": meta["model"], "mixer": meta.get("mixer"),
