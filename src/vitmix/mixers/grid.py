@@ -81,6 +81,20 @@ def landmark_shape(name: str, h: int, w: int, stride: int, spec, remainder: str 
     return h // stride, w // stride
 
 
+def adaptive_pool(g: torch.Tensor, out_hw: Tuple[int, int]) -> torch.Tensor:
+    """``F.adaptive_avg_pool2d`` of a channels-first grid ``(B', C', H, W)``; while an ONNX export traces,
+    the same windows as one product with the pooling matrix (:func:`vitmix.ops.avg_pool_landmarks`),
+    since the TorchScript exporter has no adaptive pooling whose output does not divide the input."""
+    from ..ops._common import exporting_to_onnx
+    from ..ops import avg_pool_landmarks
+
+    if not exporting_to_onnx():
+        return torch.nn.functional.adaptive_avg_pool2d(g, out_hw)
+    b, c, h, w = g.shape
+    pooled = avg_pool_landmarks(g.reshape(b, c, h * w, 1), (h, w), out_hw)    # (B', C', m, 1)
+    return pooled.reshape(b, c, out_hw[0], out_hw[1])
+
+
 # ------------------------------------------------------------------------------------- layouts
 def grid_channels_first(t: torch.Tensor, prefix: int, h: int, w: int) -> torch.Tensor:
     """``(B, heads, P + H*W, d)`` → the grid tokens as ``(B*heads, d, H, W)``."""

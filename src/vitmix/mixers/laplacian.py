@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
-from .grid import LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
+from .grid import adaptive_pool, LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
 from .landmark import LandmarkMixer, check_conv_kernel
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops
@@ -256,7 +256,7 @@ class LaplacianAttention(LandmarkMixer):
         s = self.landmark_stride
         if self.landmark_hw is None or (mh * s, mw * s) == (h, w):
             return F.avg_pool2d(g, s, s) if s > 1 else g       # plain r×r pooling (floors a remainder)
-        return F.adaptive_avg_pool2d(g, (mh, mw))
+        return adaptive_pool(g, (mh, mw))
 
     def _pool(self, t: torch.Tensor, grid) -> torch.Tensor:
         """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""

@@ -41,6 +41,7 @@ from torch import nn
 from .. import ops
 from ..ops._common import no_autocast
 from .grid import (
+    adaptive_pool,
     LandmarkCount, add_to_grid, grid_channels_first, head_conv, merge_heads, split_heads, tokens_from_channels_first,
 )
 from .landmark import LandmarkMixer, check_conv_kernel
@@ -251,11 +252,11 @@ class SoftAttention(LandmarkMixer):
         fixed = self.landmark_hw is not None
         if self.landmarks == "conv":
             if fixed and (mh * s, mw * s) != (h, w):
-                g = F.adaptive_avg_pool2d(g, (mh * s, mw * s))
+                g = adaptive_pool(g, (mh * s, mw * s))
             lm = tokens_from_channels_first(self.Qlandmark_op(g), b, nh)
             return self.Qnorm_act(lm)
         if fixed and (mh * s, mw * s) != (h, w):
-            g = F.adaptive_avg_pool2d(g, (mh, mw))
+            g = adaptive_pool(g, (mh, mw))
         else:
             g = F.avg_pool2d(g, s, s)
         return tokens_from_channels_first(g, b, nh)
