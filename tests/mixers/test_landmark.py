@@ -46,6 +46,8 @@ def test_the_base_alone_has_no_kernel():
     layer = LandmarkMixer(8, 2)
     with pytest.raises(NotImplementedError):
         layer._kernel_weights(torch.zeros(1, 4, 8), (0, 2, 2), torch.zeros(1, 2, 4, 4))
+    with pytest.raises(NotImplementedError, match="must define landmark_flops"):   # nor a cost for "auto"
+        layer.landmark_flops(64, 16)
 
 
 @pytest.mark.parametrize("name", LANDMARK)

@@ -11,6 +11,8 @@ from typing import Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from ..ops._common import exporting_to_onnx
+from ..ops.nystrom import avg_pool_landmarks
 from .options import check_choice, check_newton, reject_unsupported, stride_option  # noqa: F401  (were here)
 
 #: the landmark grid of the papers (m = 49 in every SOFT stage at 224²): the default cap, so that a
@@ -85,9 +87,6 @@ def adaptive_pool(g: torch.Tensor, out_hw: Tuple[int, int]) -> torch.Tensor:
     """``F.adaptive_avg_pool2d`` of a channels-first grid ``(B', C', H, W)``; while an ONNX export traces,
     the same windows as one product with the pooling matrix (:func:`vitmix.ops.avg_pool_landmarks`),
     since the TorchScript exporter has no adaptive pooling whose output does not divide the input."""
-    from ..ops._common import exporting_to_onnx
-    from ..ops import avg_pool_landmarks
-
     if not exporting_to_onnx():
         return torch.nn.functional.adaptive_avg_pool2d(g, out_hw)
     b, c, h, w = g.shape

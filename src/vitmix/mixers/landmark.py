@@ -74,8 +74,9 @@ class LandmarkMixer(TokenMixer):
 
     def landmark_flops(self, n: int, m: int) -> int:
         """FLOPs of the kernel attention of one (batch, head) slice with ``m`` landmarks at ``n`` tokens:
-        everything whose cost depends on ``m`` (the projections and the local conv do not)."""
-        raise NotImplementedError
+        everything whose cost depends on ``m`` (the projections and the local conv do not). Abstract:
+        each landmark mixer states its own (``num_landmarks="auto"`` needs it)."""
+        raise NotImplementedError(f"{type(self).__name__} must define landmark_flops(n, m) for num_landmarks='auto'")
 
     def _landmark_repr(self) -> str:
         return f"landmark_stride={self.landmark_stride}, num_landmarks={self.landmark_hw!r}"
