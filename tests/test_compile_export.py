@@ -341,6 +341,24 @@ def test_family_torchscript_onnx_matches_onnxruntime(row, tmp_path):
     assert max(errors.values()) <= 1e-4, errors
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:You are using the legacy TorchScript")
+def test_torchscript_onnx_export_builds_pooling_matrices_on_a_cold_cache(tmp_path):
+    """The landmark pooling matrices are cached; the first one built inside the TorchScript exporter
+    must not leave an op in the traced graph (``aten::kron`` has no ONNX symbolic)."""
+    _needs_onnx_packages()
+    from timm.utils.onnx import onnx_export
+
+    from vitmix.ops import nystrom
+
+    model = _mixer_model("soft")
+    nystrom._pool_matrix.cache_clear()
+    nystrom._pool_matrix_as.cache_clear()
+    path = tmp_path / "m.onnx"
+    onnx_export(model, str(path), example_input=_inputs(model, 2)[0])
+    errors = onnxruntime_parity(path, model, _image_shape(model))
+    assert max(errors.values()) <= 1e-4, errors
+
+
 @pytest.mark.slow
 def test_write_onnx_of_an_exported_program_matches_onnxruntime(tmp_path):
     """``vitmix export``'s route: a saved ``torch.export`` program (custom ops inside) rewritten with

@@ -61,13 +61,21 @@ def _pool_matrix(h: int, w: int, oh: int, ow: int) -> torch.Tensor:
 
 
 def _pool_matrix_real(h: int, w: int, oh: int, ow: int) -> torch.Tensor:
-    def axis(n: int, o: int) -> torch.Tensor:
-        mat = torch.zeros(o, n, dtype=torch.float64)
+    # Built in plain Python and handed to torch once: no torch op here can end up in a traced graph
+    # (the TorchScript ONNX exporter traces whatever runs on a cold cache, and has no aten::kron).
+    def windows(n: int, o: int):
         for i in range(o):
             start, end = (i * n) // o, -((-(i + 1) * n) // o)   # floor(i·n/o), ceil((i+1)·n/o)
-            mat[i, start:end] = 1.0 / (end - start)
-        return mat
-    return torch.kron(axis(h, oh), axis(w, ow))
+            yield range(start, end), 1.0 / (end - start)
+    rows = []
+    for rows_y, wy in windows(h, oh):
+        for cols_x, wx in windows(w, ow):
+            row = [0.0] * (h * w)
+            for y in rows_y:
+                for x in cols_x:
+                    row[y * w + x] = wy * wx
+            rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64)
 
 
 @functools.lru_cache(maxsize=64)
