@@ -97,10 +97,13 @@ def _force_l1_backend(monkeypatch, backend):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_laplacian_backends_match_reference(monkeypatch, backend, dtype):
     """The C kernel and the eager path give the reference's numbers: odd N/M/d, batch 1 and > 1, row
-    counts that are not multiples of the C kernel's row blocks, and exact ties (sign(0) = 0)."""
+    counts that are not multiples of the C kernel's row blocks (nor of the four rows its forward takes
+    at once), channel counts that take each of its backward's paths (groups of four vector blocks,
+    single blocks, a scalar tail), and exact ties (sign(0) = 0)."""
     _force_l1_backend(monkeypatch, backend)
     torch.manual_seed(2)
-    for xs, ys in [((2, 3, 37, 16), (2, 3, 7, 16)), ((1, 1, 130, 8), (1, 1, 9, 8)), ((1, 5, 3), (1, 4, 3))]:
+    for xs, ys in [((2, 3, 37, 16), (2, 3, 7, 16)), ((1, 1, 130, 8), (1, 1, 9, 8)), ((1, 5, 3), (1, 4, 3)),
+                   ((2, 2, 41, 37), (2, 2, 11, 37)), ((1, 1, 6, 45), (1, 1, 1, 45))]:
         x = torch.randn(xs, dtype=dtype)
         y = torch.randn(ys, dtype=dtype)
         y[..., 0, :] = x[..., 0, :]                              # ties: zero subgradient
@@ -112,6 +115,28 @@ def test_laplacian_backends_match_reference(monkeypatch, backend, dtype):
         torch.testing.assert_close(o1, o2.to(dtype), **tol)
         torch.testing.assert_close(gx1, gx2.to(dtype), **tol)
         torch.testing.assert_close(gy1, gy2.to(dtype), **tol)
+
+
+def test_laplacian_c_kernel_threads_match_reference(monkeypatch):
+    """A call large enough for all threads (``C_PARALLEL_WORK``) splits the rows over threads and sums the
+    per-item ``grad_y`` partials: same numbers as the reference, and as one thread up to rounding."""
+    if "c" not in L1_BACKENDS:
+        pytest.fail("no C compiler: the C kernel could not be built (install cc/gcc)")
+    _force_l1_backend(monkeypatch, "c")
+    monkeypatch.setattr(kernel_c, "C_PARALLEL_WORK", 0)
+    torch.manual_seed(3)
+    x, y = torch.randn(3, 2, 70, 32), torch.randn(3, 2, 9, 32)
+    g = torch.randn(3, 2, 70, 9)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        o1, gx1, gy1 = _grads(lambda a, b: laplacian_kernel(a, b, 4.0), x, y, g)
+    finally:
+        torch.set_num_threads(threads)
+    o2, gx2, gy2 = _grads(lambda a, b: laplacian_kernel_reference(a, b, 4.0), x.double(), y.double(), g.double())
+    # float32 sums of 32 (distance) and <= 70 (grad_y) terms: 1e-5 covers the rounding
+    for a, b in ((o1, o2), (gx1, gx2), (gy1, gy2)):
+        torch.testing.assert_close(a, b.float(), rtol=1e-5, atol=1e-5)
 
 
 def test_laplacian_c_kernel_gradcheck(monkeypatch):

@@ -62,21 +62,30 @@ def _gaussian_decomposition(x: torch.Tensor, y: torch.Tensor, backend: str = "au
 
 
 # ---------------------------------------------------------------------------------------- Laplacian
+def _c_threads(x: torch.Tensor, y: torch.Tensor) -> int:
+    """Threads of a C kernel call: the caller's, unless the work is below ``c.C_PARALLEL_WORK``. Read
+    before ``single_thread_if_small`` drops torch to one thread: that guard is for sequences of tiny
+    torch ops (one fork/join each); a C call has a single parallel region."""
+    return torch.get_num_threads() if _work(x, y) >= c.C_PARALLEL_WORK else 1
+
+
 def _laplacian_forward(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
+    threads = _c_threads(x, y)
     with torch.no_grad(), single_thread_if_small(x, _work(x, y)):
         lib = c.c_library(x, y)
         if lib is not None:
-            return c.laplace_forward(lib, x, y, lam)
+            return c.laplace_forward(lib, x, y, lam, threads)
         return torch.cdist(x, y, p=1.0).mul_(-1.0 / lam).exp_()
 
 
 def _laplacian_grads(g, x, y, out, lam: float):
+    threads = _c_threads(x, y)
     with torch.no_grad(), no_autocast(g.device.type), single_thread_if_small(x, _work(x, y)):
         # d out / d dist = -out / lam
         gd = (g * out).mul_(-1.0 / lam)
         lib = c.c_library(x, y)
         if lib is not None and gd.dtype == x.dtype:
-            return c.l1_backward(lib, gd, x, y)
+            return c.l1_backward(lib, gd, x, y, threads)
         return _l1_backward_chunked(gd, x, y)
 
 
