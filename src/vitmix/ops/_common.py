@@ -88,8 +88,9 @@ _SMALL_WORK = 1 << 22
 
 
 @contextlib.contextmanager
-def single_thread_if_small(t: torch.Tensor, work: int) -> Iterator[None]:
-    """Run small CPU work (``work`` multiply-adds, e.g. a batch of m×m matmuls) on one intra-op thread.
+def single_thread_if_small(t: torch.Tensor, work: int, small: int = _SMALL_WORK) -> Iterator[None]:
+    """Run small CPU work (``work`` multiply-adds, e.g. a batch of m×m matmuls) on one intra-op thread
+    when ``work <= small``.
 
     The Newton–Schulz loop is ~40 tiny batched matmuls; with several OpenMP threads each one pays a
     fork/join barrier that costs far more than the arithmetic, and on an oversubscribed machine a
@@ -97,7 +98,7 @@ def single_thread_if_small(t: torch.Tensor, work: int) -> Iterator[None]:
     threads under load for 20 iterations on 6×49×49). The thread count is restored afterwards (it is
     process-global, like every ``torch.set_num_threads`` call).
     """
-    if torch.compiler.is_compiling() or work > _SMALL_WORK:
+    if torch.compiler.is_compiling() or work > small:
         # traced: no thread switching in a graph (and no guard on a symbolic work size)
         yield
         return

@@ -224,6 +224,40 @@ def test_c_loop_and_batched_blas_loop_agree(monkeypatch, tmp_path):
     torch.testing.assert_close(c64, newton_schulz_reference(A, iters=20, alpha="transpose"), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("alpha,symmetric", [("transpose", None), ("transpose", True), ("transpose", False),
+                                             ("official", None), ("safe", True)])
+def test_c_start_matches_reference_on_mixed_batches(alpha, symmetric, dtype):
+    """The C kernel also computes the start when it needs no Cholesky test: per matrix the same rule as
+    the reference, for 0 and 20 iterations, and NaN in one matrix stays in that matrix. The
+    detected and transposed starts get a batch mixing symmetric and non-symmetric matrices (symmetry
+    detected per matrix); the ``αP`` starts (``"official"``, forced symmetric) get symmetric matrices, on which
+    they converge (on non-symmetric ones they may diverge, as documented)."""
+    from vitmix.ops.newton import c as newton_c
+
+    if newton_c.NS_KERNEL.load() is None:
+        pytest.fail("no C compiler: the Newton–Schulz C kernel could not be built (install cc/gcc)")
+    torch.manual_seed(6)
+    x, y = torch.randn(2, 3, 13, 5, dtype=D64), torch.randn(2, 3, 13, 5, dtype=D64)
+    if symmetric is not True and alpha == "transpose":
+        A = laplacian_kernel(x, y)
+        A[0, 1] = laplacian_kernel(x[0, 1], x[0, 1])          # one symmetric matrix among non-symmetric ones
+    else:
+        A = laplacian_kernel(x, x)
+    A = A.to(dtype)
+    for iters in (0, 20):
+        fast = newton_schulz_inverse(A, iters=iters, symmetric=symmetric, alpha=alpha)
+        ref = newton_schulz_reference(A, iters=iters, symmetric=symmetric, alpha=alpha)
+        # float64: the same formulas with sums in another order (1e-12); float32: 20 rounds of 13-term
+        # sums, relative to the result's scale
+        scale = float(ref.abs().max())
+        tol = dict(rtol=1e-12, atol=1e-12) if dtype == D64 else dict(rtol=1e-4, atol=1e-4 * scale)
+        torch.testing.assert_close(fast, ref, **tol)
+    A[1, 2, 3, 4] = float("nan")
+    V = newton_schulz_inverse(A, symmetric=symmetric, alpha=alpha)
+    assert torch.isnan(V[1, 2]).any() and torch.isfinite(V[1, :2]).all() and torch.isfinite(V[0]).all()
+
+
 def test_exact_mode_survives_singular_batches_and_bad_lu_pivots(monkeypatch):
     """`vitmix analyze approx` died in lu_solve ("Pivots given to lu_solve must all be >= 1") after
     batched multi-threaded MKL getrf returned out-of-range pivots; singular batches (ε = 0, duplicate

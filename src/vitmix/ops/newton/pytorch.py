@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .._common import cpu_single_thread, no_autocast, single_thread_if_small
 from .._triton import wants_triton
 from . import start
-from .c import _c_iterate
+from .c import _c_iterate, _c_solve
 from .start import _identity_ok, _needs_fallback, _norms, _perturb, _pick, _residual, _start, _symmetric_mask
 from .start import _transposed_start
 
@@ -72,6 +72,11 @@ def _newton_forward(A: torch.Tensor, iters: int, eps: float, symmetric: Optional
                     mode: str, backend: str = "auto") -> torch.Tensor:
     """``V ≈ (A + eps·I)^{-1}`` without autograd (the start, the iteration and its checked fallback)."""
     m = A.shape[-1]
+    if mode == "newton" and backend != "triton":
+        # one C call (one parallel region on the caller's threads) where the start needs no Cholesky test
+        V = _c_solve(A.detach(), eps, iters, symmetric, alpha)
+        if V is not None:
+            return V
     with torch.no_grad(), single_thread_if_small(A, A.numel() * m):
         P = _perturb(A, eps)
         if mode == "exact":
