@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/vitmix train
+	$(VENV)/bin/vitmix train --mixer laplacian
 
 # PYTEST_ARGS: extra pytest arguments, e.g. test paths (CI's fresh-machine pass runs a part of the suite)
 PYTEST_ARGS ?=

@@ -54,14 +54,18 @@ def test_the_base_alone_has_no_kernel():
 @pytest.mark.parametrize("dim,heads", [(64, 2), (96, 3), (128, 2), (128, 4), (384, 6)])
 def test_auto_landmarks_never_cost_more_than_exact_attention(name, dim, heads):
     """'auto' shrinks the stride grid (at most 7×7) to the largest square whose kernel attention costs
-    at most exact attention's 4·N²·d FLOPs per head, and never below 2×2."""
+    at most exact attention's 4·N²·d FLOPs per head, and never below the mixer's floor (2×2; 4×4 for
+    laplacian) where the stride grid is that large."""
     layer = mixers.create(name, dim=dim, num_heads=heads)
+    floor = 4 if name == "laplacian" else 2
+    assert layer.min_landmark_side == floor
     for side in (4, 6, 8, 14, 28, 56):
         n = side * side
         mh, mw = layer.landmark_count(side, side)
         stride_grid = min(7, side // 2)
         assert mh == mw <= stride_grid
-        assert mh == 2 or layer.landmark_flops(n, mh * mw) <= 4 * n * n * layer.head_dim
+        assert mh >= min(floor, stride_grid)
+        assert mh == min(floor, stride_grid) or layer.landmark_flops(n, mh * mw) <= 4 * n * n * layer.head_dim
         if mh < stride_grid:     # one more landmark row and column would cost more than exact attention
             assert layer.landmark_flops(n, (mh + 1) ** 2) > 4 * n * n * layer.head_dim
     assert layer.landmark_count(56, 56) == (7, 7)         # large grids keep the papers' 49 (linear cost)
@@ -69,13 +73,16 @@ def test_auto_landmarks_never_cost_more_than_exact_attention(name, dim, heads):
 
 def test_auto_landmarks_at_the_learning_grid_shapes():
     """The counts docs/soft-laplacianformer.md quotes: 196 tokens give 25 landmarks at head dim 32 and
-    36 at 64 (49 would cost 3.0x / 1.8x exact attention); the demo's 8×8 grid 9 instead of 16."""
+    36 at 64 (49 would cost 3.0x / 1.8x exact attention); the demo's 8×8 grid 9 instead of 16 for
+    soft / soft_norm, and laplacian's floor keeps 16 there (and on the pyramids' 7×7 stage 4)."""
     def count(name, dim, heads, side):
         return mixers.create(name, dim=dim, num_heads=heads).landmark_count(side, side)
     for name in LANDMARK:
         assert count(name, 64, 2, 14) == count(name, 96, 3, 14) == (5, 5)
         assert count(name, 128, 2, 14) == (6, 6)
-        assert count(name, 128, 4, 8) == (3, 3)
+        assert count(name, 128, 4, 8) == ((4, 4) if name == "laplacian" else (3, 3))
+    stage4 = mixers.create("laplacian", dim=512, num_heads=16, landmark_stride=1)   # the pyramids' last stage
+    assert stage4.landmark_count(7, 7) == (4, 4)
     assert count("laplacian", 64, 4, 4) == (2, 2)         # the CI learning guard's 4×4 grid: unchanged
     assert count("soft", 64, 4, 4) == (2, 2)              # floor: 1×1 would be a rank-1 map
     lap = mixers.create("laplacian", dim=64, num_heads=2)

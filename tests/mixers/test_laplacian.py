@@ -261,8 +261,9 @@ def test_demo_model_with_laplacian_mixer():
     model = vitmix.create_model("vit_nano_patch4_32", mixer="laplacian")
     assert isinstance(model, VisionTransformer)
     layer = model.blocks[0].attn
-    # 9 landmarks on the 8x8 grid: 16 (one per 2x2 block) would cost more than exact attention at N = 64
-    assert layer.landmark_count(8, 8) == (3, 3)
+    # 16 landmarks on the 8x8 grid (one per 2x2 block): laplacian's 4x4 floor, although 9 would be within
+    # exact attention's FLOPs at N = 64 (with 9 the demo learned 10-20 points slower mid-run)
+    assert layer.landmark_count(8, 8) == (4, 4)
     logits = model(torch.randn(2, 3, 32, 32))
     assert logits.shape == (2, 10)
     logits.logsumexp(-1).sum().backward()

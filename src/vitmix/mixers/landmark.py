@@ -59,18 +59,24 @@ class LandmarkMixer(TokenMixer):
         With ``num_landmarks="auto"`` the grid of :func:`~vitmix.mixers.grid.landmark_shape` (one
         landmark per stride block, at most 7×7) is shrunk, longer side first, until the kernel
         attention's FLOPs (:meth:`landmark_flops`) are at most those of exact attention on the same
-        ``N = h·w`` tokens (``4·N²·d`` per head), but not below 2×2. At N = 196 and head dim 32 that is 5×5 instead of
-        7×7: there 49 landmarks and 20 Newton–Schulz steps cost three times exact attention (laplacian).
+        ``N = h·w`` tokens (``4·N²·d`` per head), but not below ``min_landmark_side`` per side (2, and
+        4 for LaplacianFormer). At N = 196 and head dim 32 that is 5×5 instead of 7×7: there 49
+        landmarks and 20 Newton–Schulz steps cost three times exact attention (laplacian).
         """
         mh, mw = landmark_shape(type(self).__name__, h, w, self.landmark_stride, self.landmark_hw, self.grid_remainder)
         return self._within_exact_cost(h * w, mh, mw) if self.landmark_hw == "auto" else (mh, mw)
 
+    #: the smallest landmark grid side ``"auto"`` shrinks to (where the stride grid is that large):
+    #: one landmark is a rank-1 map
+    min_landmark_side = 2
+
     def _within_exact_cost(self, n: int, mh: int, mw: int) -> Tuple[int, int]:
         exact = 4 * n * n * self.head_dim        # Q·Kᵀ and A·V of one head
-        for side in range(max(mh, mw), 2, -1):
+        floor = self.min_landmark_side
+        for side in range(max(mh, mw), floor, -1):
             if self.landmark_flops(n, min(mh, side) * min(mw, side)) <= exact:
                 return min(mh, side), min(mw, side)
-        return min(mh, 2), min(mw, 2)       # never below 2×2: one landmark is a rank-1 map
+        return min(mh, floor), min(mw, floor)
 
     def landmark_flops(self, n: int, m: int) -> int:
         """FLOPs of the kernel attention of one (batch, head) slice with ``m`` landmarks at ``n`` tokens:

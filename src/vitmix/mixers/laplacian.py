@@ -84,9 +84,10 @@ class LaplacianAttention(LandmarkMixer):
         pool_ratio: deprecated name of ``landmark_stride`` (warns).
         num_landmarks: ``"auto"`` (default): one landmark per ``r×r`` block, at most 7×7 = 49, by
             adaptive average pooling, and on small grids no more than keep the kernel attention within
-            exact attention's FLOPs — at head dim 32: 9 landmarks on an 8×8 grid, 25 on 14×14, 49 from
-            28×28 up — so the layer is O(N) at any resolution and never costlier than what it
-            approximates (:meth:`~vitmix.mixers.landmark.LandmarkMixer.landmark_count`); a perfect
+            exact attention's FLOPs but not below 4×4 — at head dim 32: 16 landmarks on an 8×8 grid, 25 on
+            14×14, 49 from 28×28 up — so the layer is O(N) at any resolution and, above 4×4 landmarks,
+            never costlier than what it approximates
+            (:meth:`~vitmix.mixers.landmark.LandmarkMixer.landmark_count`); a perfect
             square or ``(mh, mw)``: that fixed count; ``None``: ``r×r`` pooling alone (m = N/r²,
             quadratic cost at high resolution).
         lam: Laplacian kernel bandwidth λ (default 4).
@@ -133,6 +134,11 @@ class LaplacianAttention(LandmarkMixer):
 
     ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
     """
+
+    #: ``num_landmarks="auto"`` keeps at least 4×4 landmarks where the stride grid has them: with 3×3
+    #: on the demo's 8×8 grid (the exact-cost rule alone) digits learned 10–20 points slower mid-run
+    #: than with 4×4 (docs/soft-laplacianformer.md, "Landmark count")
+    min_landmark_side = 4
 
     #: the string options and the values each accepts
     _CHOICES = {
