@@ -188,7 +188,7 @@ def _ns_declare(lib) -> None:
         fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = None
         solve = getattr(lib, f"vitmix_ns_solve_{sfx}")
-        solve.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [real, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+        solve.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [real, ctypes.c_int64] + [ctypes.c_int] * 2
         solve.restype = None
 
 
