@@ -198,6 +198,7 @@ def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
     failed): with a C compiler that fails and an empty kernel cache, training warns once and gives
     exactly the numbers of the PyTorch path."""
     from vitmix.ops.kernel import c as _l1
+    from vitmix.ops.newton import c as _ns
 
     cfg = dict(TINY, mixer="laplacian", epochs=1, max_steps=3)
     monkeypatch.setattr(_l1, "_C_MIN_ELEMENTS", 0)
@@ -206,8 +207,9 @@ def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
     monkeypatch.delenv("VITMIX_DISABLE_C_KERNEL")
     monkeypatch.setenv("CC", "/bin/false")
     monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(_l1.L1_KERNEL, "_lib", None)
-    monkeypatch.setattr(_l1.L1_KERNEL, "_tried", False)
+    for kernel in (_l1.L1_KERNEL, _ns.NS_KERNEL):      # a failing compiler fails every C kernel
+        monkeypatch.setattr(kernel, "_lib", None)
+        monkeypatch.setattr(kernel, "_tried", False)
     with pytest.warns(RuntimeWarning, match="could not compile the l1_kernel"):
         out = train(TrainConfig(**cfg, out=str(tmp_path / "faulty")), log=lambda *a: None)
     assert out["final_val_acc"] == ref["final_val_acc"]

@@ -77,6 +77,16 @@ static void matmul_SFX(const TYPE *a, const TYPE *b, TYPE *c, int64_t m, int64_t
     }
 }
 
+/* iters steps V <- 2V - V (P V) on padded p, v (scratch t, u), then the m x m result into out */
+static void ns_iterate_SFX(const TYPE *p, TYPE *v, TYPE *t, TYPE *u, TYPE *out, int64_t m, int64_t mp, int64_t iters) {
+    for (int64_t it = 0; it < iters; ++it) {
+        matmul_SFX(p, v, t, m, mp);             /* T = P V */
+        matmul_SFX(v, t, u, m, mp);             /* U = V T */
+        for (int64_t e = 0; e < m * mp; ++e) v[e] = 2 * v[e] - u[e];
+    }
+    for (int64_t i = 0; i < m; ++i) memcpy(out + i * m, v + i * mp, sizeof(TYPE) * (size_t)m);
+}
+
 /* The start V0 of one padded matrix from its unperturbed copy a (m x m, row stride mp) and P = a + eps I
  * in p, as vitmix.ops.newton.start does it: START_OFFICIAL: alpha = 1.8 / (max row sum of a)^2, V0 = alpha P;
  * otherwise symmetric (forced, or detected: max|a - a^T| <= 1e-5 max|a|) V0 = 1.8 P / ||P||_inf^2, else
@@ -140,12 +150,7 @@ void vitmix_ns_solve_SFX(const TYPE *A, TYPE *V, int64_t B, int64_t m, TYPE eps,
             p[i * mp + i] += eps;
         }
         ns_start_SFX(a, p, v, m, mp, rule);
-        for (int64_t it = 0; it < iters; ++it) {
-            matmul_SFX(p, v, t, m, mp);             /* T = P V */
-            matmul_SFX(v, t, u, m, mp);             /* U = V T */
-            for (int64_t e = 0; e < m * mp; ++e) v[e] = 2 * v[e] - u[e];
-        }
-        for (int64_t i = 0; i < m; ++i) memcpy(V + (b * m + i) * m, v + i * mp, sizeof(TYPE) * (size_t)m);
+        ns_iterate_SFX(p, v, t, u, V + b * m * m, m, mp, iters);
         free(buf);
     }
 }
@@ -161,12 +166,7 @@ void vitmix_ns_SFX(const TYPE *P, TYPE *V, int64_t B, int64_t m, int64_t iters, 
             memcpy(p + i * mp, P + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
             memcpy(v + i * mp, V + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
         }
-        for (int64_t it = 0; it < iters; ++it) {
-            matmul_SFX(p, v, t, m, mp);             /* T = P V */
-            matmul_SFX(v, t, u, m, mp);             /* U = V T */
-            for (int64_t e = 0; e < m * mp; ++e) v[e] = 2 * v[e] - u[e];
-        }
-        for (int64_t i = 0; i < m; ++i) memcpy(V + (b * m + i) * m, v + i * mp, sizeof(TYPE) * (size_t)m);
+        ns_iterate_SFX(p, v, t, u, V + b * m * m, m, mp, iters);
         free(buf);
     }
 }
