@@ -26,6 +26,7 @@ TINY = ["--img-size", str(SIZE), "--batch-size", "4", "--preview", "2"]
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """A mask folder and a COCO folder of 8 train and 8 val synthetic scenes at 64²."""
+    pytest.importorskip("pycocotools", reason="the COCO folder needs pycocotools (pip install 'vitmix[dense]')")
     from vitmix.dense.coco import save_coco
     from vitmix.dense.maskfolder import save_mask_folder
     from vitmix.dense.scenes import FashionScenes
