@@ -197,8 +197,10 @@ def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
     """Regression (the headline mixer's training crashed with a shape error when its compiled kernel
     failed): with a C compiler that fails and an empty kernel cache, training warns once and gives
     exactly the numbers of the PyTorch path."""
+    from vitmix.ops._cbuild import CKernel
     from vitmix.ops.kernel import c as _l1
     from vitmix.ops.newton import c as _ns
+    from vitmix.ops.nystrom import c as _nystrom
 
     cfg = dict(TINY, mixer="laplacian", epochs=1, max_steps=3)
     monkeypatch.setattr(_l1, "_C_MIN_ELEMENTS", 0)
@@ -207,7 +209,8 @@ def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
     monkeypatch.delenv("VITMIX_DISABLE_C_KERNEL")
     monkeypatch.setenv("CC", "/bin/false")
     monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path / "cache"))
-    for kernel in (_l1.L1_KERNEL, _ns.NS_KERNEL):      # a failing compiler fails every C kernel
+    assert {_l1.L1_KERNEL, _ns.NS_KERNEL, _nystrom.NYSTROM_KERNEL} <= set(CKernel.instances)
+    for kernel in CKernel.instances:      # a failing compiler fails every C kernel (training and evaluation)
         monkeypatch.setattr(kernel, "_lib", None)
         monkeypatch.setattr(kernel, "_tried", False)
     with pytest.warns(RuntimeWarning, match="could not compile the l1_kernel"):

@@ -267,8 +267,14 @@ class LaplacianAttention(LandmarkMixer):
     def _pool(self, t: torch.Tensor, grid) -> torch.Tensor:
         """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""
         prefix, h, w = grid
-        g = self._pool_map(grid_channels_first(t, prefix, h, w))
-        return tokens_from_channels_first(g, t.shape[0], t.shape[1])
+        mh, mw = self.landmark_count(h, w)
+        s = self.landmark_stride
+        if self.landmark_hw is None and (mh * s, mw * s) != (h, w):     # r×r pooling that floors a remainder
+            g = self._pool_map(grid_channels_first(t, prefix, h, w))
+            return tokens_from_channels_first(g, t.shape[0], t.shape[1])
+        # the adaptive windows (r×r tiles when they divide the grid) as one product with the cached pooling
+        # matrix: no channels-first copy of q and k (half the time of the pooling kernels at batch 1)
+        return ops.avg_pool_landmarks(t[:, :, prefix:], (h, w), (mh, mw))
 
     def _project(self, x: torch.Tensor, grid):
         """``q, k, v`` ``(B, heads, N, d)`` (unscaled: ``qk_scale`` is folded into λ), the landmarks

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 CFLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
           "-fassociative-math", "-D_POSIX_C_SOURCE=200809L"]
@@ -83,10 +83,14 @@ class CKernel:
         declare: ``declare(lib)`` sets ``argtypes``/``restype`` of the exported functions.
     """
 
+    #: every C library of the package, in creation order (fault-injection tests reset them all)
+    instances: List["CKernel"] = []
+
     def __init__(self, name: str, source: Callable[[], str], declare: Callable[[ctypes.CDLL], None]):
         self.name, self._source, self._declare = name, source, declare
         self._lock = threading.Lock()
         self.reset()
+        CKernel.instances.append(self)
 
     def reset(self) -> None:
         """Forget the loaded library (the next ``load()`` looks again); used by fault-injection tests."""

@@ -215,3 +215,109 @@ def test_avg_pool_landmarks_matches_adaptive_avg_pool2d(hw, out):
         avg_pool_landmarks(x[..., 1:, :], hw, out)
     with pytest.raises(ValueError, match="output grid"):
         avg_pool_landmarks(x, hw, (hw[0] + 1, 1))
+
+
+# ---------------------------------------------------------------- the fused C forward (inference)
+from vitmix.ops.nystrom import c as nystrom_c  # noqa: E402
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the fused C forwards that produced the output (a silent fallback leaves it at 0)."""
+    counts = {"fused": 0}
+    real = nystrom_c.fused_forward
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        counts["fused"] += out is not None
+        return out
+    monkeypatch.setattr(nystrom_c, "fused_forward", counted)
+    if nystrom_c.NYSTROM_KERNEL.load() is None:
+        pytest.fail("no C compiler: the fused Nyström C forward could not be built (install cc/gcc)")
+    return counts
+
+
+def _tie(tensors, mode):
+    q, k, v, lq, lk = tensors
+    if mode == "tied":
+        return q, q, v, lq, lq
+    return (q, k, v, lq, lq) if mode == "landmarks" else (q, k, v, lq, lk)
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "laplacian"])
+@pytest.mark.parametrize("normalization", NORMS)
+@pytest.mark.parametrize("tie", ["tied", "landmarks", "none"])
+@pytest.mark.parametrize("alpha", ["transpose", "official", "safe"])
+@pytest.mark.parametrize("b,h,n,d,m,dv", [(1, 2, 65, 32, 9, 32), (2, 3, 37, 7, 5, 11)])
+def test_fused_inference_forward_matches_the_composition(fused_calls, kernel, normalization, tie, alpha,
+                                                          b, h, n, d, m, dv):
+    """Without gradients the whole forward is one C call; it gives the numbers of the composition of
+    ops that runs when gradients are needed, and of the O(N²) reference. float64: the same formulas
+    summed in another order (1e-12 of the output's scale); float32: the kernels are summed directly
+    rather than by the GEMM expansion and 20 Newton–Schulz rounds amplify those roundings by the
+    landmark matrix's condition number (measured worst 1.1e-5 of the scale, bound 5e-5)."""
+    kw = dict(kernel=kernel, normalization=normalization, alpha=alpha, lam=2.0, norm_eps=1e-3)
+    for dtype, tol in ((D64, 1e-12), (torch.float32, 5e-5)):
+        q, k, v, lq, lk = _tie(_inputs(b, h, n, d, m, dv=dv, seed=31, dtype=dtype), tie)
+        if alpha == "official" and tie == "none":     # αP diverges on far from symmetric matrices (documented)
+            lk = lq + 0.05 * (lk - lq)
+        untied_safe = alpha == "safe" and tie == "none"          # the Cholesky-tested start: not in C
+        with torch.no_grad():
+            before = fused_calls["fused"]
+            fused = nystrom_attention(q, k, v, lq, lk, **kw)
+            assert fused_calls["fused"] == before + (0 if untied_safe else 1)
+        composed = nystrom_attention(q, k, v.clone().requires_grad_(), lq, lk, **kw).detach()
+        assert fused_calls["fused"] == before + (0 if untied_safe else 1)      # gradients: never fused
+        assert fused.dtype == dtype and fused.shape == (b, h, n, dv)
+        scale = composed.abs().max().item()
+        torch.testing.assert_close(fused, composed, rtol=tol, atol=tol * scale)
+        if dtype == D64 and alpha != "safe":
+            ref = nystrom_attention_reference(q, k, v, lq, lk, **kw)
+            torch.testing.assert_close(fused, ref, rtol=1e-10, atol=1e-10 * scale)
+
+
+def test_fused_forward_is_deterministic_across_thread_counts(fused_calls):
+    """Each (batch, head) slice is computed by one thread start to end: the thread count cannot change
+    a single bit."""
+    t = _inputs(3, 4, 50, 8, 6, seed=32, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with torch.inference_mode():
+                outs.append(nystrom_attention(*t, kernel="laplacian", normalization="injective", alpha="transpose"))
+    finally:
+        torch.set_num_threads(threads)
+    assert fused_calls["fused"] == 2 and torch.equal(outs[0], outs[1])
+
+
+def test_fused_forward_is_skipped_where_it_does_not_apply(fused_calls):
+    """The composition runs for: gradients needed, the exact inverse, leading dims that only broadcast,
+    half results of float32 compute are still fused (computed in float32, returned in the input dtype)."""
+    q, k, v, lq, lk = _inputs(2, 2, 20, 4, 4, seed=33, dtype=torch.float32)
+    with torch.no_grad():
+        nystrom_attention(q, k, v, lq, lk, kernel="laplacian", inverse="exact")
+        nystrom_attention(q, k, v[:1], lq, lk, kernel="laplacian", alpha="transpose")   # v broadcast over batch
+        assert fused_calls["fused"] == 0
+        half = nystrom_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), lq.bfloat16(), lk.bfloat16(),
+                                 kernel="laplacian", alpha="transpose", normalization="injective")
+    assert fused_calls["fused"] == 1 and half.dtype == torch.bfloat16 and torch.isfinite(half).all()
+    nystrom_attention(q.requires_grad_(), k, v, lq, lk, kernel="laplacian", alpha="transpose")
+    assert fused_calls["fused"] == 1
+
+
+def test_fused_forward_falls_back_to_the_composition_without_a_compiler(monkeypatch, tmp_path):
+    """Fault injection: a compiler that fails and an empty cache give one warning and exactly the
+    composition's numbers (the same ops that run when gradients are needed)."""
+    t = _inputs(2, 2, 40, 8, 6, seed=34, dtype=torch.float32)
+    kw = dict(kernel="laplacian", normalization="injective", alpha="transpose")
+    composed = nystrom_attention(t[0], t[1], t[2].clone().requires_grad_(), t[3], t[4], **kw).detach()
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_lib", None)
+    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_tried", False)
+    with pytest.warns(RuntimeWarning, match="could not compile the nystrom_forward"), torch.no_grad():
+        out = nystrom_attention(*t, **kw)
+    assert torch.equal(out, composed)
+

@@ -31,8 +31,9 @@ Numerics: kernels, the inverse and the normaliser run in float32 (float64 stays 
 autocast disabled; the result is cast back to the dtype of ``v`` (promoted with ``q``).
 
 Layout: this module holds the public function (a composition of :mod:`vitmix.ops.kernel` and
-:mod:`vitmix.ops.newton`, PyTorch only: it has no C or Triton code of its own) and the landmark pooling;
-``naive.py`` the O(N²) references; ``checks.py`` the argument checks both share.
+:mod:`vitmix.ops.newton`) and the landmark pooling; ``c.py`` the same forward as one C call, used for
+inference on CPU (no gradients needed); ``naive.py`` the O(N²) references; ``checks.py`` the argument
+checks both share.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from .._common import compute_dtype, no_autocast, real_tensors, single_thread_if
 from .._triton import check_backend
 from ..kernel.checks import _check_lam
 from ..newton import newton_schulz_inverse
+from . import c
 from .checks import _kernel_fn, _validate
 from .naive import kernel_attention_reference, nystrom_attention_reference
 
@@ -159,10 +161,16 @@ def nystrom_attention(
         qf, vf, lqf = q.to(dt), v.to(dt), q_landmarks.to(dt)
         kf = qf if k is q else k.to(dt)
         lkf = lqf if tied_landmarks else k_landmarks.to(dt)
+        sym = True if tied_landmarks else symmetric
+        if c.applies((qf, kf, vf, lqf, lkf), dt, inverse, alpha, sym, backend):
+            out = c.fused_forward(qf, kf, vf, lqf, lkf, kernel=kernel, lam=lam_f, tied=tied, eps=float(eps),
+                                  iters=iters, alpha=alpha, symmetric=sym, normalization=normalization,
+                                  norm_eps=float(norm_eps))
+            if out is not None:
+                return out.to(out_dtype)
         cq = kern(qf, lkf)                                  # (…, N, m)
         ck = cq if tied else kern(kf, lqf)                  # (…, N_k, m)
         w = kern(lqf, lkf)                                  # (…, m, m)
-        sym = True if tied_landmarks else symmetric
         M = newton_schulz_inverse(w, iters=iters, eps=eps, symmetric=sym, mode=inverse, alpha=alpha,
                                   backend=backend)
         out = _combine(cq, ck, w, M, vf, normalization, float(norm_eps))

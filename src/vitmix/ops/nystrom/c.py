@@ -1,0 +1,334 @@
+"""Nyström kernel attention's whole forward in one C call, for inference on CPU (private).
+
+At batch 1 a SOFT or LaplacianFormer layer's core is ~40 small torch ops (three kernel matrices, the
+Newton–Schulz start and loop, the normaliser's products), each costing more in dispatch than in
+arithmetic: 197 tokens × 25 landmarks × 32 channels is ~0.16 M multiply-adds per matrix. Here one
+work item per (batch, head) slice computes, in cache-resident buffers,
+
+    C_q = k(Q, L_k), C_k = k(K, L_q), W = k(L_q, L_k), M = NS(W + eps·I)     (the NS source is shared
+    with :mod:`vitmix.ops.newton.c`: same start rules, same loop)
+    out = C_q M C_kᵀ V  |  SOFT-Norm's D^(-1/2) M D^(-1/2)  |  the injective map (module docstring of
+    :mod:`vitmix.ops.nystrom`: centred keys D, T = Mᵀ cov(C_q) M, s = (diag(D T Dᵀ) + ε)^(-1/2),
+    out = C_q M Dᵀ (s ⊙ V) + mean(V))
+
+with no autograd: :func:`vitmix.ops.nystrom_attention` uses it only when no input needs a gradient
+(``torch.no_grad()``, ``model.eval()`` inference), and falls back to its composition of ops wherever this
+does not apply (no compiler, other devices or dtypes, ``inverse="exact"``, the Cholesky-tested
+``alpha="safe"`` start on untied landmarks, tracing, unbroadcast leading dims). Its reference is that
+composition; the two agree to float32 rounding (the kernels are summed directly, not by the GEMM
+expansion, and the Newton–Schulz loop amplifies those roundings by the condition number).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Optional
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from .._cbuild import CKernel
+from ..newton.c import _NS_C_MAX_M, _RULES, ns_c_source
+
+EXP_F32 = r"""
+#include <math.h>
+
+/* exp(x) for x <= 0 in float32 without a library call, so the loop over a kernel matrix vectorises (~6x
+ * faster than expf here): 2^n p(r) with r = x - n ln2 in [-ln2/2, ln2/2] (ln2 split in two for an exact
+ * product) and p the degree-7 Taylor polynomial (truncation < 6e-9 relative, below float32 rounding).
+ * x is clamped at -87 so 2^n stays a normal float: exp(-87) = 1.6e-38 stands for anything smaller. */
+static inline float exp_nonpos_f32(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float fn = floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = (x - fn * 0.693359375f) - fn * -2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { int32_t i; float f; } two_n;
+    two_n.i = ((int32_t)fn + 127) << 23;
+    return p * two_n.f;
+}
+"""
+
+BODY = r"""
+#undef FJB
+#define FJB ((int64_t)(VEC_BYTES / sizeof(TYPE)))
+
+typedef TYPE FVEC_SFX __attribute__((vector_size(VEC_BYTES)));
+typedef ITYPE FIVEC_SFX __attribute__((vector_size(VEC_BYTES)));
+
+/* one channel's term of the distance, lane-wise: |t| (L1: clear the sign bit) or t^2 (squared L2) */
+static inline FVEC_SFX dist_term_SFX(FVEC_SFX t, int kind) {
+    const FIVEC_SFX mask = (FIVEC_SFX){0} + (ITYPE)(~((UTYPE)1 << (8 * sizeof(TYPE) - 1)));
+    return kind ? (FVEC_SFX)((FIVEC_SFX)t & mask) : t * t;
+}
+
+/* distances of up to four rows of x (n rows, row stride d) to all landmarks, given transposed and
+ * zero-padded as yt (d, mp): the four rows share each landmark load and keep FJB-wide partial sums in
+ * registers over all d channels (no horizontal sums) */
+static void distance_rows_SFX(const TYPE *x, int64_t rows, const TYPE *yt, TYPE *out, int64_t m, int64_t mp,
+                              int64_t d, int kind) {
+    const TYPE *x0 = x, *x1 = x + (rows > 1) * d, *x2 = x + (rows > 2) * 2 * d, *x3 = x + (rows > 3) * 3 * d;
+    for (int64_t j0 = 0; j0 < mp; j0 += FJB) {
+        FVEC_SFX a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, yv;
+        for (int64_t c = 0; c < d; ++c) {
+            memcpy(&yv, yt + c * mp + j0, sizeof yv);
+            a0 += dist_term_SFX(x0[c] - yv, kind);
+            a1 += dist_term_SFX(x1[c] - yv, kind);
+            a2 += dist_term_SFX(x2[c] - yv, kind);
+            a3 += dist_term_SFX(x3[c] - yv, kind);
+        }
+        TYPE sums[4][FJB];
+        memcpy(sums[0], &a0, sizeof a0);
+        memcpy(sums[1], &a1, sizeof a1);
+        memcpy(sums[2], &a2, sizeof a2);
+        memcpy(sums[3], &a3, sizeof a3);
+        const int64_t nj = m - j0 < FJB ? m - j0 : FJB;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t jj = 0; jj < nj; ++jj) out[r * m + j0 + jj] = sums[r][jj];
+    }
+}
+
+/* out (n, m) = exp(-scale * dist(x_i, y_j)) with y given as yt (d, mp); kind 0: squared L2 (scale 1/2,
+ * SOFT), 1: L1 (scale 1/lam) */
+static void kernel_matrix_SFX(const TYPE *x, const TYPE *yt, TYPE *out, int64_t n, int64_t m, int64_t mp,
+                              int64_t d, int kind, TYPE scale) {
+    for (int64_t i = 0; i < n; i += 4)
+        distance_rows_SFX(x + i * d, n - i < 4 ? n - i : 4, yt, out + i * m, m, mp, d, kind);
+    for (int64_t e = 0; e < n * m; ++e) out[e] = EXPFN(-scale * out[e]);
+}
+
+/* yt (d, mp) = y (m, d) transposed, zero beyond column m */
+static void transpose_pad_SFX(const TYPE *y, TYPE *yt, int64_t m, int64_t mp, int64_t d) {
+    memset(yt, 0, sizeof(TYPE) * (size_t)(d * mp));
+    for (int64_t j = 0; j < m; ++j)
+        for (int64_t c = 0; c < d; ++c) yt[c * mp + j] = y[j * d + c];
+}
+
+/* c (n, p) = a (n, k) b (k, p), row-major; the inner loop runs over p (contiguous: it vectorises) */
+static void mm_SFX(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p) {
+    for (int64_t i = 0; i < n; ++i) {
+        TYPE *ci = c + i * p;
+        for (int64_t j = 0; j < p; ++j) ci[j] = 0;
+        for (int64_t l = 0; l < k; ++l) {
+            const TYPE ail = a[i * k + l];
+            const TYPE *bl = b + l * p;
+            for (int64_t j = 0; j < p; ++j) ci[j] += ail * bl[j];
+        }
+    }
+}
+
+/* c (k, p) = a(n, k)^T b (n, p): a sum of n outer products (rows of a and b) */
+static void mtm_SFX(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p) {
+    for (int64_t e = 0; e < k * p; ++e) c[e] = 0;
+    for (int64_t r = 0; r < n; ++r) {
+        const TYPE *ar = a + r * k, *br = b + r * p;
+        for (int64_t i = 0; i < k; ++i) {
+            const TYPE ari = ar[i];
+            TYPE *ci = c + i * p;
+            for (int64_t j = 0; j < p; ++j) ci[j] += ari * br[j];
+        }
+    }
+}
+
+static void column_mean_SFX(const TYPE *a, TYPE *mean, int64_t n, int64_t p) {
+    for (int64_t j = 0; j < p; ++j) mean[j] = 0;
+    for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < p; ++j) mean[j] += a[r * p + j];
+    for (int64_t j = 0; j < p; ++j) mean[j] /= (TYPE)n;
+}
+
+/* M (m, m) = NS(W + eps I) from the landmark kernel W, with the start rule of vitmix_ns_solve */
+static int newton_SFX(const TYPE *w, TYPE *M, int64_t m, TYPE eps, int64_t iters, int rule) {
+    const int64_t mp = (m + 4 * FJB - 1) / (4 * FJB) * (4 * FJB);
+    TYPE *buf = (TYPE *)calloc((size_t)(5 * mp * mp), sizeof(TYPE));
+    if (!buf) return 1;
+    TYPE *p = buf, *v = buf + mp * mp, *t = buf + 2 * mp * mp, *u = buf + 3 * mp * mp, *a = buf + 4 * mp * mp;
+    for (int64_t i = 0; i < m; ++i) {
+        memcpy(a + i * mp, w + i * m, sizeof(TYPE) * (size_t)m);
+        memcpy(p + i * mp, w + i * m, sizeof(TYPE) * (size_t)m);
+        p[i * mp + i] += eps;
+    }
+    ns_start_SFX(a, p, v, m, mp, rule);
+    ns_iterate_SFX(p, v, t, u, M, m, mp, iters);
+    free(buf);
+    return 0;
+}
+
+/* out (n, dv) = C_q M D^T (s * V) + mean(V), the injective map (D: centred C_k; s from T = M^T cov(C_q) M) */
+static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, TYPE *out, int64_t n,
+                         int64_t nk, int64_t m, int64_t dv, TYPE norm_eps) {
+    const int64_t size = 3 * m * m + 3 * m + nk * m + nk * dv + 2 * m * dv + dv;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
+    if (!buf) return 1;
+    TYPE *cov = buf, *cm = cov + m * m, *T = cm + m * m, *row = T + m * m, *mu = row + m, *muk = mu + m;
+    TYPE *D = muk + m, *sv = D + nk * m, *E = sv + nk * dv, *core = E + m * dv, *mv = core + m * dv;
+    column_mean_SFX(cq, mu, n, m);
+    for (int64_t e = 0; e < m * m; ++e) cov[e] = 0;
+    for (int64_t i = 0; i < n; ++i) {              /* cov = sum_i (c_i - mu)(c_i - mu)^T / n */
+        for (int64_t a = 0; a < m; ++a) row[a] = cq[i * m + a] - mu[a];
+        for (int64_t a = 0; a < m; ++a) {
+            const TYPE ra = row[a];
+            TYPE *ca = cov + a * m;
+            for (int64_t b = 0; b < m; ++b) ca[b] += ra * row[b];
+        }
+    }
+    for (int64_t e = 0; e < m * m; ++e) cov[e] /= (TYPE)n;
+    mm_SFX(cov, M, cm, m, m, m);                   /* cov M */
+    mtm_SFX(M, cm, T, m, m, m);                    /* M^T cov M */
+    for (int64_t a = 0; a < m; ++a)                /* exactly symmetric, as the PyTorch path */
+        for (int64_t b = a + 1; b < m; ++b) {
+            const TYPE s = (TYPE)0.5 * (T[a * m + b] + T[b * m + a]);
+            T[a * m + b] = s;
+            T[b * m + a] = s;
+        }
+    column_mean_SFX(ck, muk, nk, m);
+    column_mean_SFX(v, mv, nk, dv);
+    for (int64_t j = 0; j < nk; ++j) {
+        TYPE *dj = D + j * m;
+        for (int64_t a = 0; a < m; ++a) dj[a] = ck[j * m + a] - muk[a];
+        for (int64_t b = 0; b < m; ++b) row[b] = 0;  /* row = d_j T */
+        for (int64_t a = 0; a < m; ++a) {
+            const TYPE da = dj[a];
+            const TYPE *ta = T + a * m;
+            for (int64_t b = 0; b < m; ++b) row[b] += da * ta[b];
+        }
+        TYPE var = 0;
+        for (int64_t a = 0; a < m; ++a) var += row[a] * dj[a];
+        const TYPE s = (TYPE)1 / SQRTFN((var > 0 ? var : 0) + norm_eps);
+        for (int64_t c = 0; c < dv; ++c) sv[j * dv + c] = s * v[j * dv + c];
+    }
+    mtm_SFX(D, sv, E, nk, m, dv);                  /* D^T (s * V) */
+    mm_SFX(M, E, core, m, m, dv);
+    mm_SFX(cq, core, out, n, m, dv);
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < dv; ++c) out[i * dv + c] += mv[c];
+    free(buf);
+    return 0;
+}
+
+/* One (batch, head) slice: kernels, inverse, normalisation. Returns nonzero when out of memory. */
+static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq, const TYPE *lk, TYPE *out,
+                     int64_t n, int64_t nk, int64_t m, int64_t d, int64_t dv, int kind, TYPE scale, int tied,
+                     TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps) {
+    const int64_t mk = (m + FJB - 1) / FJB * FJB;
+    const int64_t size = n * m + (tied ? 0 : nk * m) + 2 * m * m + 2 * m * dv + 2 * d * mk;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
+    if (!buf) return 1;
+    TYPE *cq = buf, *ck = tied ? cq : cq + n * m, *w = ck + (tied ? n * m : nk * m), *M = w + m * m;
+    TYPE *kv = M + m * m, *core = kv + m * dv, *lkt = core + m * dv, *lqt = lkt + d * mk;
+    int err = 0;
+    transpose_pad_SFX(lk, lkt, m, mk, d);
+    kernel_matrix_SFX(q, lkt, cq, n, m, mk, d, kind, scale);
+    if (!tied) {
+        transpose_pad_SFX(lq, lqt, m, mk, d);
+        kernel_matrix_SFX(k, lqt, ck, nk, m, mk, d, kind, scale);
+    }
+    kernel_matrix_SFX(lq, lkt, w, m, m, mk, d, kind, scale);
+    err = newton_SFX(w, M, m, eps, iters, rule);
+    if (!err && norm == 2) {
+        err = injective_SFX(cq, ck, M, v, out, n, nk, m, dv, norm_eps);
+    } else if (!err) {
+        if (norm == 1) {                           /* SOFT-Norm: D^(-1/2) M D^(-1/2), D = row sums of W */
+            for (int64_t a = 0; a < m; ++a) {
+                TYPE r = 0;
+                for (int64_t b = 0; b < m; ++b) r += w[a * m + b];
+                kv[a] = (TYPE)1 / SQRTFN(r);
+            }
+            for (int64_t a = 0; a < m; ++a)
+                for (int64_t b = 0; b < m; ++b) M[a * m + b] *= kv[a] * kv[b];
+        }
+        mtm_SFX(ck, v, kv, nk, m, dv);             /* C_k^T V */
+        mm_SFX(M, kv, core, m, m, dv);
+        mm_SFX(cq, core, out, n, m, dv);
+    }
+    free(buf);
+    return err;
+}
+
+/* S slices of contiguous q (S, n, d), k (S, nk, d) (ignored when tied), v (S, nk, dv), lq, lk (S, m, d);
+ * out (S, n, dv). Returns the number of slices that ran out of memory (0 on success). */
+int64_t vitmix_nystrom_forward_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq, const TYPE *lk,
+                                   TYPE *out, int64_t S, int64_t n, int64_t nk, int64_t m, int64_t d, int64_t dv,
+                                   int kind, TYPE scale, int tied, TYPE eps, int64_t iters, int rule, int norm,
+                                   TYPE norm_eps, int nthreads) {
+    int64_t failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
+    for (int64_t s = 0; s < S; ++s)
+        failed += slice_SFX(q + s * n * d, k + s * nk * d, v + s * nk * dv, lq + s * m * d, lk + s * m * d,
+                            out + s * n * dv, n, nk, m, d, dv, kind, scale, tied, eps, iters, rule, norm, norm_eps);
+    return failed;
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def nystrom_c_source() -> str:
+    """The Newton–Schulz source (its start and loop) followed by the fused forward, for float32 and float64."""
+    parts = [ns_c_source(), EXP_F32]
+    for typ, ityp, sfx, exp, sqrt in (("float", "int32_t", "f32", "exp_nonpos_f32", "sqrtf"),
+                                      ("double", "int64_t", "f64", "exp", "sqrt")):
+        body = BODY.replace("UTYPE", "u" + ityp).replace("ITYPE", ityp).replace("TYPE", typ)
+        parts.append(body.replace("SFX", sfx).replace("EXPFN", exp).replace("SQRTFN", sqrt))
+    return "".join(parts)
+
+
+def _declare(lib) -> None:
+    for sfx, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+        fn = getattr(lib, f"vitmix_nystrom_forward_{sfx}")
+        fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_int, real, ctypes.c_int, real,
+                       ctypes.c_int64, ctypes.c_int, ctypes.c_int, real, ctypes.c_int])
+        fn.restype = ctypes.c_int64
+
+
+#: the fused inference forward as a small C library (built on first use, cached; see :mod:`.._cbuild`)
+NYSTROM_KERNEL = CKernel("nystrom_forward", nystrom_c_source, _declare)
+
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_NORMS = {None: 0, "soft_norm": 1, "injective": 2}
+#: from this many multiply-adds per call the slices run on all threads (one fork/join: ~10 µs)
+_PARALLEL_WORK = 1 << 17
+
+
+def applies(tensors, dtype: torch.dtype, inverse: str, alpha: str, symmetric: Optional[bool], backend: str) -> bool:
+    """Whether :func:`fused_forward` can run: CPU, float32/float64 compute, eager, no gradient needed,
+    the Newton–Schulz inverse with a start the C solve has (not the Cholesky-tested ``"safe"`` start of
+    untied landmarks), the same leading dims on every input and m <= 256."""
+    q, k, v, lq, lk = tensors
+    if (q.device.type != "cpu" or dtype not in _SUFFIX or inverse != "newton" or backend == "triton"
+            or (alpha == "safe" and symmetric is not True) or lq.shape[-2] > _NS_C_MAX_M):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _get_current_dispatch_mode() is not None:
+        return False
+    lead = q.shape[:-2]
+    return all(t.shape[:-2] == lead and t.device == q.device for t in tensors)
+
+
+def fused_forward(q, k, v, lq, lk, *, kernel: str, lam: float, tied: bool, eps: float, iters: int,
+                  alpha: str, symmetric: Optional[bool], normalization: Optional[str], norm_eps: float):
+    """The whole Nyström forward in one C call (inputs already in the compute dtype), or ``None`` when the
+    library is unavailable (no compiler, ``VITMIX_DISABLE_C_KERNEL=1``: the caller's composition runs)."""
+    lib = NYSTROM_KERNEL.load()
+    if lib is None:
+        return None
+    lead, (n, d), nk, m, dv = q.shape[:-2], q.shape[-2:], k.shape[-2], lq.shape[-2], v.shape[-1]
+    flat = [t.reshape(-1, *t.shape[-2:]).contiguous() for t in (q, k, v, lq, lk)]
+    s = flat[0].shape[0]
+    out = torch.empty(s, n, dv, dtype=q.dtype)
+    rule = _RULES["official" if alpha == "official" else symmetric]
+    kind, scale = (0, 0.5) if kernel == "gaussian" else (1, 1.0 / lam)
+    work = s * (n + nk) * m * (d + m + dv)
+    threads = min(torch.get_num_threads(), s) if work >= _PARALLEL_WORK else 1
+    failed = getattr(lib, f"vitmix_nystrom_forward_{_SUFFIX[q.dtype]}")(
+        *(ctypes.c_void_p(t.data_ptr()) for t in (*flat, out)), s, n, nk, m, d, dv, kind, scale, int(tied), eps,
+        iters, rule, _NORMS[normalization], norm_eps, threads)
+    if failed:
+        raise MemoryError(f"nystrom_attention: the C forward could not allocate its buffers for {failed} slices")
+    return out.reshape(*lead, n, dv)
