@@ -95,3 +95,27 @@ def _needs_fashion_mnist(request, monkeypatch):
             pytest.fail(f"{REQUIRE_FASHION_MNIST_ENV}=1 but the test {why}")
         pytest.skip(why)
     _reveal_fashion_mnist(monkeypatch)
+
+
+@pytest.fixture
+def c_calls(monkeypatch):
+    """Counts the one-call C forwards that produced an output: Nyström attention's (``"fused"``) and the
+    LaplacianFormer layer's (``"layer"``); a silent fallback leaves them at 0. Fails where the library
+    cannot be built (no C compiler)."""
+    from vitmix.ops.nystrom import c as nystrom_c
+
+    if nystrom_c.NYSTROM_KERNEL.load() is None:
+        pytest.fail("no C compiler: the fused Nyström C forward could not be built (install cc/gcc)")
+    counts = {"fused": 0, "layer": 0}
+
+    def spy(name: str, key: str) -> None:
+        real = getattr(nystrom_c, name)
+
+        def counted(*args, **kwargs):
+            out = real(*args, **kwargs)
+            counts[key] += out is not None
+            return out
+        monkeypatch.setattr(nystrom_c, name, counted)
+    spy("fused_forward", "fused")
+    spy("laplacian_mix", "layer")
+    return counts

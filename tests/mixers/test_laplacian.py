@@ -106,6 +106,56 @@ def test_gradients_match_dense_reference(batch, prefix, H, W, opts):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("batch,prefix,H,W,opts", CASES)
+def test_inference_in_one_c_call_matches_dense_reference(c_calls, batch, prefix, H, W, opts):
+    """Without gradients the layer's token mixing is one C call wherever it covers the options (not the
+    un-normalised ablation, not RoPE); it matches the dense O(N²) reference like the composed path
+    (float64, sums re-associated: same tolerance as the forward test above)."""
+    layer = _make(**opts)
+    x = torch.randn(batch, prefix + H * W, 48, dtype=torch.float64)
+    with torch.no_grad():
+        out = layer(x, hw=(H, W), num_prefix_tokens=prefix)
+    covered = opts.get("normalize", True) and not opts.get("rope", False)
+    assert c_calls["layer"] == int(covered)
+    torch.testing.assert_close(out, laplacian_reference(layer, x, prefix, H, W), rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("opts", [{}, {"norm_scale": "sqrt"}, {"conv_kernel": 0}, {"num_landmarks": 9}])
+@pytest.mark.parametrize("batch,prefix,hw", [(1, 1, (14, 14)), (3, 4, (7, 9))])
+def test_inference_in_one_c_call_matches_the_composed_path_float32(c_calls, opts, batch, prefix, hw):
+    """float32 at the leaderboard's shape and an odd one: the C call against the composed path that runs
+    when gradients are needed (kernels summed directly vs by the C L1 kernel, then 20 Newton–Schulz rounds:
+    measured ≤ 1.3e-5 of the output's scale, bound 5e-5)."""
+    torch.manual_seed(3)
+    layer = mixers.create("laplacian", 64, 2, hw=hw, num_prefix_tokens=prefix, **opts).eval()
+    x = torch.randn(batch, prefix + hw[0] * hw[1], 64)
+    composed = layer(x).detach()
+    assert c_calls["layer"] == 0                               # parameters need gradients: composed
+    with torch.no_grad():
+        fused = layer(x)
+    assert c_calls["layer"] == 1
+    scale = composed.abs().max().item()
+    torch.testing.assert_close(fused, composed, rtol=5e-5, atol=5e-5 * scale)
+
+
+def test_inference_without_a_compiler_runs_the_composed_path(monkeypatch, tmp_path):
+    """Fault injection: a failing compiler and an empty cache give one warning and exactly the composed
+    path's numbers."""
+    from vitmix.ops.nystrom import c as nystrom_c
+
+    torch.manual_seed(4)
+    layer = mixers.create("laplacian", 64, 2, hw=(8, 8), num_prefix_tokens=1).eval()
+    x = torch.randn(2, 65, 64)
+    composed = layer(x).detach()
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_lib", None)
+    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_tried", False)
+    with pytest.warns(RuntimeWarning, match="could not compile the nystrom_forward"), torch.no_grad():
+        out = layer(x)
+    assert torch.equal(out, composed)
+
+
 def test_structure_and_defaults():
     layer = mixers.create("laplacian", 128, 4)
     assert layer.qkv.weight.shape == (384, 128)            # separate Q, K, V projections

@@ -41,6 +41,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import ops
 from .grid import adaptive_pool, LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
@@ -350,7 +351,40 @@ class LaplacianAttention(LandmarkMixer):
                              normalization="injective" if self.normalize else None,
                              inverse=self.inverse, start=self.newton_alpha)
 
+    def _fused_inference(self, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
+        """The token mixing before ``proj`` as one C call (:func:`vitmix.ops.nystrom.c.laplacian_mix`) where
+        nothing needs a gradient, on CPU in float32/float64 and in the configurations it covers (the
+        defaults and the official preset: injective map with a fixed contrast scale, adaptive or tiling
+        landmark windows, per-channel conv, no RoPE/q-k norm); ``None`` otherwise. At batch 1 the
+        composed path's ~50 small ops per layer cost more than their arithmetic."""
+        prefix, h, w = grid
+        mh, mw = self.landmark_count(h, w)
+        s = self.landmark_stride
+        if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not self.normalize
+                or self.norm_scale == "learnt" or self.log_tau is not None or self.rope or self.qk_normed
+                or self.inverse != "newton" or self.newton_alpha == "safe" or self.backend == "triton"
+                or (self.conv_kernel and self.conv_groups != "channel") or mh * mw > 256
+                or (self.landmark_hw is None and (mh * s, mw * s) != (h, w))):
+            return None
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return None
+        if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu")
+                or _get_current_dispatch_mode() is not None):
+            return None
+        from ..ops.nystrom.c import laplacian_mix
+
+        n = x.shape[1]
+        conv = self.conv if self.conv_kernel else None
+        return laplacian_mix(
+            self.qkv(x), None if conv is None else conv.weight, None if conv is None else conv.bias, grid=grid,
+            heads=self.num_heads, landmarks=(mh, mw), lam=self.lam / self.qk_scale, eps=self.newton_eps,
+            iters=self.newton_iters, alpha=self.newton_alpha, norm_eps=self.norm_eps,
+            contrast={"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale])
+
     def mix(self, x, grid, attn_mask=None, is_causal=False):
+        fused = self._fused_inference(x, grid)
+        if fused is not None:
+            return self.proj_drop(self.proj(fused))
         q, k, v, lq, lk, _ = self._project(x, grid)
         out = merge_heads(self._attend(q, k, v, lq, lk))
         if self.conv_kernel:

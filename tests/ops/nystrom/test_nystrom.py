@@ -221,22 +221,6 @@ def test_avg_pool_landmarks_matches_adaptive_avg_pool2d(hw, out):
 from vitmix.ops.nystrom import c as nystrom_c  # noqa: E402
 
 
-@pytest.fixture
-def fused_calls(monkeypatch):
-    """Counts the fused C forwards that produced the output (a silent fallback leaves it at 0)."""
-    counts = {"fused": 0}
-    real = nystrom_c.fused_forward
-
-    def counted(*args, **kwargs):
-        out = real(*args, **kwargs)
-        counts["fused"] += out is not None
-        return out
-    monkeypatch.setattr(nystrom_c, "fused_forward", counted)
-    if nystrom_c.NYSTROM_KERNEL.load() is None:
-        pytest.fail("no C compiler: the fused Nyström C forward could not be built (install cc/gcc)")
-    return counts
-
-
 def _tie(tensors, mode):
     q, k, v, lq, lk = tensors
     if mode == "tied":
@@ -249,7 +233,7 @@ def _tie(tensors, mode):
 @pytest.mark.parametrize("tie", ["tied", "landmarks", "none"])
 @pytest.mark.parametrize("alpha", ["transpose", "official", "safe"])
 @pytest.mark.parametrize("b,h,n,d,m,dv", [(1, 2, 65, 32, 9, 32), (2, 3, 37, 7, 5, 11)])
-def test_fused_inference_forward_matches_the_composition(fused_calls, kernel, normalization, tie, alpha,
+def test_fused_inference_forward_matches_the_composition(c_calls, kernel, normalization, tie, alpha,
                                                           b, h, n, d, m, dv):
     """Without gradients the whole forward is one C call; it gives the numbers of the composition of
     ops that runs when gradients are needed, and of the O(N²) reference. float64: the same formulas
@@ -263,11 +247,11 @@ def test_fused_inference_forward_matches_the_composition(fused_calls, kernel, no
             lk = lq + 0.05 * (lk - lq)
         untied_safe = alpha == "safe" and tie == "none"          # the Cholesky-tested start: not in C
         with torch.no_grad():
-            before = fused_calls["fused"]
+            before = c_calls["fused"]
             fused = nystrom_attention(q, k, v, lq, lk, **kw)
-            assert fused_calls["fused"] == before + (0 if untied_safe else 1)
+            assert c_calls["fused"] == before + (0 if untied_safe else 1)
         composed = nystrom_attention(q, k, v.clone().requires_grad_(), lq, lk, **kw).detach()
-        assert fused_calls["fused"] == before + (0 if untied_safe else 1)      # gradients: never fused
+        assert c_calls["fused"] == before + (0 if untied_safe else 1)      # gradients: never fused
         assert fused.dtype == dtype and fused.shape == (b, h, n, dv)
         scale = composed.abs().max().item()
         torch.testing.assert_close(fused, composed, rtol=tol, atol=tol * scale)
@@ -276,7 +260,7 @@ def test_fused_inference_forward_matches_the_composition(fused_calls, kernel, no
             torch.testing.assert_close(fused, ref, rtol=1e-10, atol=1e-10 * scale)
 
 
-def test_fused_forward_is_deterministic_across_thread_counts(fused_calls):
+def test_fused_forward_is_deterministic_across_thread_counts(c_calls):
     """Each (batch, head) slice is computed by one thread start to end: the thread count cannot change
     a single bit."""
     t = _inputs(3, 4, 50, 8, 6, seed=32, dtype=torch.float32)
@@ -289,22 +273,22 @@ def test_fused_forward_is_deterministic_across_thread_counts(fused_calls):
                 outs.append(nystrom_attention(*t, kernel="laplacian", normalization="injective", alpha="transpose"))
     finally:
         torch.set_num_threads(threads)
-    assert fused_calls["fused"] == 2 and torch.equal(outs[0], outs[1])
+    assert c_calls["fused"] == 2 and torch.equal(outs[0], outs[1])
 
 
-def test_fused_forward_is_skipped_where_it_does_not_apply(fused_calls):
+def test_fused_forward_is_skipped_where_it_does_not_apply(c_calls):
     """The composition runs for: gradients needed, the exact inverse, leading dims that only broadcast,
     half results of float32 compute are still fused (computed in float32, returned in the input dtype)."""
     q, k, v, lq, lk = _inputs(2, 2, 20, 4, 4, seed=33, dtype=torch.float32)
     with torch.no_grad():
         nystrom_attention(q, k, v, lq, lk, kernel="laplacian", inverse="exact")
         nystrom_attention(q, k, v[:1], lq, lk, kernel="laplacian", alpha="transpose")   # v broadcast over batch
-        assert fused_calls["fused"] == 0
+        assert c_calls["fused"] == 0
         half = nystrom_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), lq.bfloat16(), lk.bfloat16(),
                                  kernel="laplacian", alpha="transpose", normalization="injective")
-    assert fused_calls["fused"] == 1 and half.dtype == torch.bfloat16 and torch.isfinite(half).all()
+    assert c_calls["fused"] == 1 and half.dtype == torch.bfloat16 and torch.isfinite(half).all()
     nystrom_attention(q.requires_grad_(), k, v, lq, lk, kernel="laplacian", alpha="transpose")
-    assert fused_calls["fused"] == 1
+    assert c_calls["fused"] == 1
 
 
 def test_fused_forward_falls_back_to_the_composition_without_a_compiler(monkeypatch, tmp_path):

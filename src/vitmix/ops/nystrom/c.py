@@ -162,7 +162,7 @@ static int newton_SFX(const TYPE *w, TYPE *M, int64_t m, TYPE eps, int64_t iters
 
 /* out (n, dv) = C_q M D^T (s * V) + mean(V), the injective map (D: centred C_k; s from T = M^T cov(C_q) M) */
 static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, TYPE *out, int64_t n,
-                         int64_t nk, int64_t m, int64_t dv, TYPE norm_eps) {
+                         int64_t nk, int64_t m, int64_t dv, TYPE norm_eps, TYPE contrast) {
     const int64_t size = 3 * m * m + 3 * m + nk * m + nk * dv + 2 * m * dv + dv;
     TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
     if (!buf) return 1;
@@ -205,6 +205,7 @@ static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TY
     }
     mtm_SFX(D, sv, E, nk, m, dv);                  /* D^T (s * V) */
     mm_SFX(M, E, core, m, m, dv);
+    for (int64_t e = 0; e < m * dv; ++e) core[e] *= contrast;   /* the whitened part's scale (laplacian's norm_scale) */
     mm_SFX(cq, core, out, n, m, dv);
     for (int64_t i = 0; i < n; ++i)
         for (int64_t c = 0; c < dv; ++c) out[i * dv + c] += mv[c];
@@ -215,7 +216,7 @@ static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TY
 /* One (batch, head) slice: kernels, inverse, normalisation. Returns nonzero when out of memory. */
 static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq, const TYPE *lk, TYPE *out,
                      int64_t n, int64_t nk, int64_t m, int64_t d, int64_t dv, int kind, TYPE scale, int tied,
-                     TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps) {
+                     TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps, TYPE contrast) {
     const int64_t mk = (m + FJB - 1) / FJB * FJB;
     const int64_t size = n * m + (tied ? 0 : nk * m) + 2 * m * m + 2 * m * dv + 2 * d * mk;
     TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
@@ -232,7 +233,7 @@ static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq
     kernel_matrix_SFX(lq, lkt, w, m, m, mk, d, kind, scale);
     err = newton_SFX(w, M, m, eps, iters, rule);
     if (!err && norm == 2) {
-        err = injective_SFX(cq, ck, M, v, out, n, nk, m, dv, norm_eps);
+        err = injective_SFX(cq, ck, M, v, out, n, nk, m, dv, norm_eps, contrast);
     } else if (!err) {
         if (norm == 1) {                           /* SOFT-Norm: D^(-1/2) M D^(-1/2), D = row sums of W */
             for (int64_t a = 0; a < m; ++a) {
@@ -261,7 +262,84 @@ int64_t vitmix_nystrom_forward_SFX(const TYPE *q, const TYPE *k, const TYPE *v, 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
     for (int64_t s = 0; s < S; ++s)
         failed += slice_SFX(q + s * n * d, k + s * nk * d, v + s * nk * dv, lq + s * m * d, lk + s * m * d,
-                            out + s * n * dv, n, nk, m, d, dv, kind, scale, tied, eps, iters, rule, norm, norm_eps);
+                            out + s * n * dv, n, nk, m, d, dv, kind, scale, tied, eps, iters, rule, norm, norm_eps, 1);
+    return failed;
+}
+
+/* sum over the adaptive window [floor(i n / o), ceil((i + 1) n / o)) of one axis: its bounds */
+static void window_SFX(int64_t i, int64_t n, int64_t o, int64_t *lo, int64_t *hi) {
+    *lo = (i * n) / o;
+    *hi = ((i + 1) * n + o - 1) / o;
+}
+
+/* LaplacianFormer's whole token mixing for inference, per (batch, head) slice, from the fused qkv
+ * projection y (B, n, 3C) (q, k, v of head h at columns h d, C + h d, 2C + h d): landmarks by adaptive
+ * average pooling of the grid queries and keys (mh x mw windows of the H x W grid after `prefix` tokens, as
+ * F.adaptive_avg_pool2d), the untied Laplacian kernels, Newton-Schulz, the injective map with its contrast
+ * scale, plus the depthwise ksize x ksize convolution of the grid values (conv_w (C, ksize^2), conv_b (C)
+ * or NULL; ksize 0: none) on the grid tokens. out (B, n, C): heads merged, ready for the output
+ * projection. Returns the number of slices that ran out of memory. */
+int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *conv_b, TYPE *out, int64_t B,
+                                 int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads, int64_t d,
+                                 int64_t mh, int64_t mw, TYPE scale, TYPE eps, int64_t iters, int rule, TYPE norm_eps,
+                                 TYPE contrast, int64_t ksize, int nthreads) {
+    const int64_t C = heads * d, m = mh * mw;
+    int64_t failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
+    for (int64_t sl = 0; sl < B * heads; ++sl) {
+        const int64_t b = sl / heads, h = sl % heads;
+        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(4 * n * d + 2 * m * d));
+        if (!buf) { failed += 1; continue; }
+        TYPE *q = buf, *k = q + n * d, *v = k + n * d, *o = v + n * d, *lq = o + n * d, *lk = lq + m * d;
+        const TYPE *yb = y + b * n * 3 * C;
+        for (int64_t i = 0; i < n; ++i) {
+            memcpy(q + i * d, yb + i * 3 * C + h * d, sizeof(TYPE) * (size_t)d);
+            memcpy(k + i * d, yb + i * 3 * C + C + h * d, sizeof(TYPE) * (size_t)d);
+            memcpy(v + i * d, yb + i * 3 * C + 2 * C + h * d, sizeof(TYPE) * (size_t)d);
+        }
+        for (int64_t a = 0; a < mh; ++a) {
+            int64_t r0, r1, c0, c1;
+            window_SFX(a, H, mh, &r0, &r1);
+            for (int64_t bb = 0; bb < mw; ++bb) {
+                window_SFX(bb, W, mw, &c0, &c1);
+                TYPE *lqj = lq + (a * mw + bb) * d, *lkj = lk + (a * mw + bb) * d;
+                for (int64_t c = 0; c < d; ++c) { lqj[c] = 0; lkj[c] = 0; }
+                for (int64_t r = r0; r < r1; ++r)
+                    for (int64_t cc = c0; cc < c1; ++cc) {
+                        const TYPE *qi = q + (prefix + r * W + cc) * d, *ki = k + (prefix + r * W + cc) * d;
+                        for (int64_t c = 0; c < d; ++c) { lqj[c] += qi[c]; lkj[c] += ki[c]; }
+                    }
+                const TYPE inv = (TYPE)1 / (TYPE)((r1 - r0) * (c1 - c0));
+                for (int64_t c = 0; c < d; ++c) { lqj[c] *= inv; lkj[c] *= inv; }
+            }
+        }
+        int err = slice_SFX(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast);
+        if (!err && ksize > 0) {                       /* + the depthwise conv of the grid values (zero padding) */
+            const int64_t pad = ksize / 2;
+            for (int64_t r = 0; r < H; ++r)
+                for (int64_t cc = 0; cc < W; ++cc) {
+                    TYPE *oi = o + (prefix + r * W + cc) * d;
+                    for (int64_t c = 0; c < d; ++c) {
+                        TYPE acc = conv_b ? conv_b[h * d + c] : 0;
+                        const TYPE *wc = conv_w + (h * d + c) * ksize * ksize;
+                        for (int64_t dy = 0; dy < ksize; ++dy) {
+                            const int64_t rr = r + dy - pad;
+                            if (rr < 0 || rr >= H) continue;
+                            for (int64_t dx = 0; dx < ksize; ++dx) {
+                                const int64_t xx = cc + dx - pad;
+                                if (xx < 0 || xx >= W) continue;
+                                acc += wc[dy * ksize + dx] * v[(prefix + rr * W + xx) * d + c];
+                            }
+                        }
+                        oi[c] += acc;
+                    }
+                }
+        }
+        if (!err)
+            for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
+        failed += err;
+        free(buf);
+    }
     return failed;
 }
 """
@@ -284,6 +362,10 @@ def _declare(lib) -> None:
         fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_int, real, ctypes.c_int, real,
                        ctypes.c_int64, ctypes.c_int, ctypes.c_int, real, ctypes.c_int])
         fn.restype = ctypes.c_int64
+        mix = getattr(lib, f"vitmix_laplacian_mix_{sfx}")
+        mix.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 9 + [real, real, ctypes.c_int64, ctypes.c_int, real,
+                        real, ctypes.c_int64, ctypes.c_int])
+        mix.restype = ctypes.c_int64
 
 
 #: the fused inference forward as a small C library (built on first use, cached; see :mod:`.._cbuild`)
@@ -332,3 +414,38 @@ def fused_forward(q, k, v, lq, lk, *, kernel: str, lam: float, tied: bool, eps: 
     if failed:
         raise MemoryError(f"nystrom_attention: the C forward could not allocate its buffers for {failed} slices")
     return out.reshape(*lead, n, dv)
+
+
+def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bias: Optional[torch.Tensor], *,
+                  grid, heads: int, landmarks, lam: float, eps: float, iters: int, alpha: str, norm_eps: float,
+                  contrast: float):
+    """LaplacianFormer's token mixing for inference from its fused ``qkv`` output ``y (B, N, 3C)``, in one C
+    call: adaptive-pooled landmarks of the grid queries and keys, the untied Laplacian kernels
+    (``exp(-|q - k|₁ / lam)``), Newton–Schulz (``alpha``: ``"transpose"`` or ``"official"``), the injective map
+    whose whitened part is multiplied by ``contrast``, and the depthwise conv of the grid values (``conv_weight
+    (C, 1, k, k)``, ``conv_bias (C,)``; ``None``: no conv). Returns ``(B, N, C)`` with the heads merged (the input
+    of the output projection), or ``None`` when the library is unavailable. The caller checks that this
+    configuration is its own (:class:`vitmix.mixers.laplacian.LaplacianAttention` compares against its
+    composed path in the tests)."""
+    lib = NYSTROM_KERNEL.load()
+    if lib is None:
+        return None
+    prefix, h, w = grid
+    b, n, c3 = y.shape
+    c, (mh, mw) = c3 // 3, landmarks
+    y = y.contiguous()
+    out = torch.empty(b, n, c, dtype=y.dtype)
+    ksize = 0 if conv_weight is None else conv_weight.shape[-1]
+    wt = conv_weight.reshape(c, -1).to(y.dtype).contiguous() if conv_weight is not None else None
+    bias = conv_bias.to(y.dtype).contiguous() if conv_bias is not None and conv_weight is not None else None
+    d, m = c // heads, mh * mw
+    work = b * heads * 2 * n * m * (2 * d + m)
+    threads = min(torch.get_num_threads(), b * heads) if work >= _PARALLEL_WORK else 1
+    failed = getattr(lib, f"vitmix_laplacian_mix_{_SUFFIX[y.dtype]}")(
+        ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(None if wt is None else wt.data_ptr()),
+        ctypes.c_void_p(None if bias is None else bias.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+        b, n, prefix, h, w, heads, d, mh, mw, 1.0 / lam, eps, iters,
+        _RULES["official" if alpha == "official" else None], norm_eps, contrast, ksize, threads)
+    if failed:
+        raise MemoryError(f"laplacian attention: the C forward could not allocate its buffers for {failed} slices")
+    return out
