@@ -99,14 +99,15 @@ def _needs_fashion_mnist(request, monkeypatch):
 
 @pytest.fixture
 def c_calls(monkeypatch):
-    """Counts the one-call C forwards that produced an output: Nyström attention's (``"fused"``) and the
-    LaplacianFormer layer's (``"layer"``); a silent fallback leaves them at 0. Fails where the library
+    """Counts the one-call C forwards that produced an output: Nyström attention's (``"fused"``), the
+    LaplacianFormer layer's (``"layer"``) and the SOFT layer's (``"soft"``); a silent fallback leaves them
+    at 0. Fails where the library
     cannot be built (no C compiler)."""
     from vitmix.ops.nystrom import c as nystrom_c
 
     if nystrom_c.NYSTROM_KERNEL.load() is None:
         pytest.fail("no C compiler: the fused Nyström C forward could not be built (install cc/gcc)")
-    counts = {"fused": 0, "layer": 0}
+    counts = {"fused": 0, "layer": 0, "soft": 0}
 
     def spy(name: str, key: str) -> None:
         real = getattr(nystrom_c, name)
@@ -118,4 +119,5 @@ def c_calls(monkeypatch):
         monkeypatch.setattr(nystrom_c, name, counted)
     spy("fused_forward", "fused")
     spy("laplacian_mix", "layer")
+    spy("soft_mix", "soft")
     return counts

@@ -87,3 +87,22 @@ def test_auto_landmarks_at_the_learning_grid_shapes():
     assert count("soft", 64, 4, 4) == (2, 2)              # floor: 1×1 would be a rank-1 map
     lap = mixers.create("laplacian", dim=64, num_heads=2)
     assert round(lap.landmark_flops(196, 49) / (4 * 196 ** 2 * 32), 1) == 3.0
+
+
+@pytest.mark.parametrize("name", ["laplacian", "soft", "soft_norm"])
+def test_inference_without_a_compiler_runs_the_composed_path(monkeypatch, tmp_path, name):
+    """Fault injection for the one-call C inference: a failing compiler and an empty cache give one
+    warning and exactly the composed path's numbers (the ops that run when gradients are needed)."""
+    from vitmix.ops.nystrom import c as nystrom_c
+
+    torch.manual_seed(4)
+    layer = mixers.create(name, 64, 2, hw=(8, 8), num_prefix_tokens=1).eval()
+    x = torch.randn(2, 65, 64)
+    composed = layer(x).detach()
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_lib", None)
+    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_tried", False)
+    with pytest.warns(RuntimeWarning, match="could not compile the nystrom_forward"), torch.no_grad():
+        out = layer(x)
+    assert torch.equal(out, composed)

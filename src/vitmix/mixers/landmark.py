@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..ops._triton import check_backend
 from .base import TokenMixer
@@ -52,6 +53,18 @@ class LandmarkMixer(TokenMixer):
         self.backend = backend
         self.landmark_hw = landmark_grid(num_landmarks)
         self.grid_remainder = grid_remainder
+
+    def _eager_cpu_inference(self, x: torch.Tensor) -> bool:
+        """Whether this forward may take the one-call C path (``_fused_inference`` of the subclasses): CPU
+        float32/float64 input, nothing needs a gradient (``no_grad``/``inference_mode``, or a frozen layer
+        and input), not traced or exported, no autocast, no Python dispatch mode (FLOP counters and memory
+        trackers must see the torch ops), and not forced onto Triton."""
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or self.backend == "triton":
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return False
+        return not (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu")
+                    or _get_current_dispatch_mode() is not None)
 
     def landmark_count(self, h: int, w: int) -> Tuple[int, int]:
         """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits).

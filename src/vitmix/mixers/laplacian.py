@@ -41,7 +41,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import ops
 from .grid import adaptive_pool, LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
@@ -360,16 +359,10 @@ class LaplacianAttention(LandmarkMixer):
         prefix, h, w = grid
         mh, mw = self.landmark_count(h, w)
         s = self.landmark_stride
-        if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not self.normalize
-                or self.norm_scale == "learnt" or self.log_tau is not None or self.rope or self.qk_normed
-                or self.inverse != "newton" or self.newton_alpha == "safe" or self.backend == "triton"
+        if (not self.normalize or self.norm_scale == "learnt" or self.log_tau is not None or self.rope
+                or self.qk_normed or self.inverse != "newton" or self.newton_alpha == "safe"
                 or (self.conv_kernel and self.conv_groups != "channel") or mh * mw > 256
-                or (self.landmark_hw is None and (mh * s, mw * s) != (h, w))):
-            return None
-        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
-            return None
-        if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu")
-                or _get_current_dispatch_mode() is not None):
+                or (self.landmark_hw is None and (mh * s, mw * s) != (h, w)) or not self._eager_cpu_inference(x)):
             return None
         from ..ops.nystrom.c import laplacian_mix
 

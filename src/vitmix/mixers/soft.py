@@ -302,7 +302,36 @@ class SoftAttention(LandmarkMixer):
         return conv + nystrom_flops(n, m, d, self.newton_iters, tied=True, normalization=self.normalization,
                                     inverse=self.inverse)
 
+    def _fused_inference(self, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
+        """The token mixing before ``ff`` as one C call (:func:`vitmix.ops.nystrom.c.soft_mix`) where nothing
+        needs a gradient, on CPU in float32/float64, with the Newton–Schulz inverse (not the legacy one)
+        and the official landmark module (strided conv, LayerNorm, exact GELU) or average pooling; ``None``
+        otherwise. At batch 1 the composed path's small ops (two mkldnn convs per layer among them) cost
+        more than their arithmetic."""
+        prefix, h, w = grid
+        mh, mw = self.landmark_count(h, w)
+        s = self.landmark_stride
+        conv_lm = self.landmarks == "conv"
+        if conv_lm:     # the official module: LayerNorm with affine, exact GELU (replaced modules: composed)
+            norm, act = self.Qnorm_act
+            if not (isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None
+                    and isinstance(act, nn.GELU) and act.approximate == "none"):
+                return None
+        if self.inverse != "newton" or mh * mw > 256 or not self._eager_cpu_inference(x):
+            return None
+        from ..ops.nystrom.c import soft_mix
+
+        pool_first = self.landmark_hw is not None and (mh * s, mw * s) != (h, w)
+        return soft_mix(
+            self.W_q(x), self.W_v(x), self.Qlandmark_op.weight if conv_lm else None,
+            self.Qnorm_act[0] if conv_lm else None, self.conv.weight if self.conv_kernel else None, grid=grid,
+            heads=self.num_heads, landmarks=(mh, mw), stride=s, pool_first=pool_first, scale=self.scale,
+            eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, normalization=self.normalization)
+
     def mix(self, x, grid, attn_mask=None, is_causal=False):
+        fused = self._fused_inference(x, grid)
+        if fused is not None:
+            return self.proj_drop(self.ff(fused))
         prefix, h, w = grid
         q, v = self._qv(x)
         lm = self._landmarks(q, grid)

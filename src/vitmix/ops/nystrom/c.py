@@ -266,10 +266,63 @@ int64_t vitmix_nystrom_forward_SFX(const TYPE *q, const TYPE *k, const TYPE *v, 
     return failed;
 }
 
-/* sum over the adaptive window [floor(i n / o), ceil((i + 1) n / o)) of one axis: its bounds */
+/* the bounds [floor(i n / o), ceil((i + 1) n / o)) of window i of o over n cells (F.adaptive_avg_pool2d's) */
 static void window_SFX(int64_t i, int64_t n, int64_t o, int64_t *lo, int64_t *hi) {
     *lo = (i * n) / o;
     *hi = ((i + 1) * n + o - 1) / o;
+}
+
+/* pooled (oh * ow, d) = window means of the H x W grid rows of x (row stride d): adaptive windows, or with
+ * stride > 0 the stride x stride tiles from the top left (remainders dropped, as avg_pool2d) */
+static void pool_grid_SFX(const TYPE *x, TYPE *pooled, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d,
+                          int64_t stride) {
+    for (int64_t a = 0; a < oh; ++a) {
+        int64_t r0 = a * stride, r1 = r0 + stride, c0, c1;
+        if (!stride) window_SFX(a, H, oh, &r0, &r1);
+        for (int64_t b = 0; b < ow; ++b) {
+            if (stride) { c0 = b * stride; c1 = c0 + stride; } else window_SFX(b, W, ow, &c0, &c1);
+            TYPE *pj = pooled + (a * ow + b) * d;
+            for (int64_t c = 0; c < d; ++c) pj[c] = 0;
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t cc = c0; cc < c1; ++cc)
+                    for (int64_t c = 0; c < d; ++c) pj[c] += x[(r * W + cc) * d + c];
+            const TYPE inv = (TYPE)1 / (TYPE)((r1 - r0) * (c1 - c0));
+            for (int64_t c = 0; c < d; ++c) pj[c] *= inv;
+        }
+    }
+}
+
+/* o (grid rows, d) += the depthwise ksize x ksize conv (zero padding) of the H x W grid rows of v: channel c
+ * uses the filter at w + c * wstride (wstride = ksize^2: one per channel; 0: one shared by all d, SOFT's
+ * per-head filter) and bias[c] if bias */
+static void local_conv_SFX(const TYPE *v, TYPE *o, const TYPE *w, int64_t wstride, const TYPE *bias, int64_t H,
+                           int64_t W, int64_t d, int64_t ksize) {
+    const int64_t pad = ksize / 2;
+    for (int64_t r = 0; r < H; ++r)
+        for (int64_t cc = 0; cc < W; ++cc) {
+            TYPE *oi = o + (r * W + cc) * d;
+            for (int64_t c = 0; c < d; ++c) {
+                TYPE acc = bias ? bias[c] : 0;
+                const TYPE *wc = w + c * wstride;
+                for (int64_t dy = 0; dy < ksize; ++dy) {
+                    const int64_t rr = r + dy - pad;
+                    if (rr < 0 || rr >= H) continue;
+                    for (int64_t dx = 0; dx < ksize; ++dx) {
+                        const int64_t xx = cc + dx - pad;
+                        if (xx >= 0 && xx < W) acc += wc[dy * ksize + dx] * v[(rr * W + xx) * d + c];
+                    }
+                }
+                oi[c] += acc;
+            }
+        }
+}
+
+/* rows [0, n) of column block h of x (B, n, stride) for batch b, times scale, into dst (n, d) */
+static void gather_head_SFX(const TYPE *x, TYPE *dst, int64_t b, int64_t n, int64_t stride, int64_t col, int64_t d,
+                            TYPE scale) {
+    const TYPE *xb = x + b * n * stride + col;
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < d; ++c) dst[i * d + c] = scale * xb[i * stride + c];
 }
 
 /* LaplacianFormer's whole token mixing for inference, per (batch, head) slice, from the fused qkv
@@ -291,50 +344,78 @@ int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *
         TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(4 * n * d + 2 * m * d));
         if (!buf) { failed += 1; continue; }
         TYPE *q = buf, *k = q + n * d, *v = k + n * d, *o = v + n * d, *lq = o + n * d, *lk = lq + m * d;
-        const TYPE *yb = y + b * n * 3 * C;
-        for (int64_t i = 0; i < n; ++i) {
-            memcpy(q + i * d, yb + i * 3 * C + h * d, sizeof(TYPE) * (size_t)d);
-            memcpy(k + i * d, yb + i * 3 * C + C + h * d, sizeof(TYPE) * (size_t)d);
-            memcpy(v + i * d, yb + i * 3 * C + 2 * C + h * d, sizeof(TYPE) * (size_t)d);
-        }
-        for (int64_t a = 0; a < mh; ++a) {
-            int64_t r0, r1, c0, c1;
-            window_SFX(a, H, mh, &r0, &r1);
-            for (int64_t bb = 0; bb < mw; ++bb) {
-                window_SFX(bb, W, mw, &c0, &c1);
-                TYPE *lqj = lq + (a * mw + bb) * d, *lkj = lk + (a * mw + bb) * d;
-                for (int64_t c = 0; c < d; ++c) { lqj[c] = 0; lkj[c] = 0; }
-                for (int64_t r = r0; r < r1; ++r)
-                    for (int64_t cc = c0; cc < c1; ++cc) {
-                        const TYPE *qi = q + (prefix + r * W + cc) * d, *ki = k + (prefix + r * W + cc) * d;
-                        for (int64_t c = 0; c < d; ++c) { lqj[c] += qi[c]; lkj[c] += ki[c]; }
-                    }
-                const TYPE inv = (TYPE)1 / (TYPE)((r1 - r0) * (c1 - c0));
-                for (int64_t c = 0; c < d; ++c) { lqj[c] *= inv; lkj[c] *= inv; }
-            }
-        }
+        gather_head_SFX(y, q, b, n, 3 * C, h * d, d, 1);
+        gather_head_SFX(y, k, b, n, 3 * C, C + h * d, d, 1);
+        gather_head_SFX(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
+        pool_grid_SFX(q + prefix * d, lq, H, W, mh, mw, d, 0);
+        pool_grid_SFX(k + prefix * d, lk, H, W, mh, mw, d, 0);
         int err = slice_SFX(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast);
-        if (!err && ksize > 0) {                       /* + the depthwise conv of the grid values (zero padding) */
-            const int64_t pad = ksize / 2;
-            for (int64_t r = 0; r < H; ++r)
-                for (int64_t cc = 0; cc < W; ++cc) {
-                    TYPE *oi = o + (prefix + r * W + cc) * d;
+        if (!err && ksize > 0)
+            local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
+                           conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
+        if (!err)
+            for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
+        failed += err;
+        free(buf);
+    }
+    return failed;
+}
+
+/* SOFT's whole token mixing for inference, per (batch, head) slice, from its projections qp = W_q x and
+ * vp = W_v x (B, n, C): queries q = scale * qp; landmarks from the grid queries, either (lm_w != NULL,
+ * "conv") a stride x stride stride-s convolution lm_w (d, d, s, s) of the grid (first adaptively pooled to
+ * mh s x mw s when `pool_first`), then LayerNorm(d) (ln_w, ln_b, ln_eps) and GELU (erf form), or
+ * ("avgpool") window means (adaptive when `pool_first`, else s x s tiles); the tied Gaussian kernels,
+ * Newton-Schulz (rule), SOFT-Norm when norm == 1, plus the per-head ksize x ksize filter conv_w (heads,
+ * ksize^2) shared by the head's d channels on the grid values. out (B, n, C) with heads merged. */
+int64_t vitmix_soft_mix_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, const TYPE *ln_w, const TYPE *ln_b,
+                            TYPE ln_eps, const TYPE *conv_w, TYPE *out, int64_t B, int64_t n, int64_t prefix, int64_t H,
+                            int64_t W, int64_t heads, int64_t d, int64_t mh, int64_t mw, int64_t s, int pool_first,
+                            TYPE scale, TYPE eps, int64_t iters, int rule, int norm, int64_t ksize, int nthreads) {
+    const int64_t C = heads * d, m = mh * mw, gh = mh * s, gw = mw * s;
+    int64_t failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
+    for (int64_t sl = 0; sl < B * heads; ++sl) {
+        const int64_t b = sl / heads, h = sl % heads;
+        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(3 * n * d + m * d + gh * gw * d));
+        if (!buf) { failed += 1; continue; }
+        TYPE *q = buf, *v = q + n * d, *o = v + n * d, *lm = o + n * d, *g = lm + m * d;
+        gather_head_SFX(qp, q, b, n, C, h * d, d, scale);
+        gather_head_SFX(vp, v, b, n, C, h * d, d, 1);
+        if (lm_w) {
+            if (pool_first) {
+                pool_grid_SFX(q + prefix * d, g, H, W, gh, gw, d, 0);
+            } else {                                   /* the top-left gh x gw cells the strided conv reads */
+                for (int64_t r = 0; r < gh; ++r)
+                    memcpy(g + r * gw * d, q + (prefix + r * W) * d, sizeof(TYPE) * (size_t)(gw * d));
+            }
+            for (int64_t a = 0; a < mh; ++a)
+                for (int64_t bb = 0; bb < mw; ++bb) {
+                    TYPE *lj = lm + (a * mw + bb) * d, mean = 0, var = 0;
+                    for (int64_t co = 0; co < d; ++co) {
+                        TYPE acc = 0;
+                        for (int64_t ci = 0; ci < d; ++ci)
+                            for (int64_t dy = 0; dy < s; ++dy)
+                                for (int64_t dx = 0; dx < s; ++dx)
+                                    acc += lm_w[((co * d + ci) * s + dy) * s + dx]
+                                           * g[((a * s + dy) * gw + bb * s + dx) * d + ci];
+                        lj[co] = acc;
+                        mean += acc;
+                    }
+                    mean /= (TYPE)d;
+                    for (int64_t c = 0; c < d; ++c) var += (lj[c] - mean) * (lj[c] - mean);
+                    const TYPE inv = (TYPE)1 / SQRTFN(var / (TYPE)d + ln_eps);
                     for (int64_t c = 0; c < d; ++c) {
-                        TYPE acc = conv_b ? conv_b[h * d + c] : 0;
-                        const TYPE *wc = conv_w + (h * d + c) * ksize * ksize;
-                        for (int64_t dy = 0; dy < ksize; ++dy) {
-                            const int64_t rr = r + dy - pad;
-                            if (rr < 0 || rr >= H) continue;
-                            for (int64_t dx = 0; dx < ksize; ++dx) {
-                                const int64_t xx = cc + dx - pad;
-                                if (xx < 0 || xx >= W) continue;
-                                acc += wc[dy * ksize + dx] * v[(prefix + rr * W + xx) * d + c];
-                            }
-                        }
-                        oi[c] += acc;
+                        const TYPE t = (lj[c] - mean) * inv * ln_w[c] + ln_b[c];
+                        lj[c] = (TYPE)0.5 * t * ((TYPE)1 + ERFFN(t * (TYPE)0.70710678118654752440));
                     }
                 }
+        } else {
+            pool_grid_SFX(q + prefix * d, lm, H, W, mh, mw, d, pool_first ? 0 : s);
         }
+        int err = slice_SFX(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1);
+        if (!err && ksize > 0)
+            local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
         if (!err)
             for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
         failed += err;
@@ -349,10 +430,10 @@ int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *
 def nystrom_c_source() -> str:
     """The Newton–Schulz source (its start and loop) followed by the fused forward, for float32 and float64."""
     parts = [ns_c_source(), EXP_F32]
-    for typ, ityp, sfx, exp, sqrt in (("float", "int32_t", "f32", "exp_nonpos_f32", "sqrtf"),
-                                      ("double", "int64_t", "f64", "exp", "sqrt")):
+    for typ, ityp, sfx, exp, sqrt, erf in (("float", "int32_t", "f32", "exp_nonpos_f32", "sqrtf", "erff"),
+                                           ("double", "int64_t", "f64", "exp", "sqrt", "erf")):
         body = BODY.replace("UTYPE", "u" + ityp).replace("ITYPE", ityp).replace("TYPE", typ)
-        parts.append(body.replace("SFX", sfx).replace("EXPFN", exp).replace("SQRTFN", sqrt))
+        parts.append(body.replace("SFX", sfx).replace("EXPFN", exp).replace("SQRTFN", sqrt).replace("ERFFN", erf))
     return "".join(parts)
 
 
@@ -366,6 +447,11 @@ def _declare(lib) -> None:
         mix.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 9 + [real, real, ctypes.c_int64, ctypes.c_int, real,
                         real, ctypes.c_int64, ctypes.c_int])
         mix.restype = ctypes.c_int64
+        soft = getattr(lib, f"vitmix_soft_mix_{sfx}")
+        soft.argtypes = ([ctypes.c_void_p] * 5 + [real] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 10
+                         + [ctypes.c_int, real, real, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                            ctypes.c_int])
+        soft.restype = ctypes.c_int64
 
 
 #: the fused inference forward as a small C library (built on first use, cached; see :mod:`.._cbuild`)
@@ -448,4 +534,44 @@ def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bia
         _RULES["official" if alpha == "official" else None], norm_eps, contrast, ksize, threads)
     if failed:
         raise MemoryError(f"laplacian attention: the C forward could not allocate its buffers for {failed} slices")
+    return out
+
+
+def soft_mix(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[torch.Tensor],
+             landmark_norm: Optional[torch.nn.LayerNorm], conv_weight: Optional[torch.Tensor], *, grid, heads: int,
+             landmarks, stride: int, pool_first: bool, scale: float, eps: float, iters: int, alpha: str,
+             normalization: Optional[str]):
+    """SOFT's token mixing for inference from its projections ``qp = W_q x`` and ``vp = W_v x`` (``(B, N, C)``)
+    in one C call: queries ``scale · qp``; landmarks by the strided conv ``landmark_conv (d, d, s, s)``, then
+    ``landmark_norm`` (LayerNorm(d)) and GELU (``landmark_conv=None``: window means), the tied Gaussian
+    kernels, Newton–Schulz (``alpha``; the symmetric start), ``normalization`` ``None`` or ``"soft_norm"``, and the
+    per-head filter ``conv_weight (heads, 1, k, k)`` on the grid values. Returns ``(B, N, C)`` with the heads
+    merged, or ``None`` when the library is unavailable."""
+    lib = NYSTROM_KERNEL.load()
+    if lib is None:
+        return None
+    prefix, h, w = grid
+    b, n, c = qp.shape
+    (mh, mw), d = landmarks, c // heads
+    dt = qp.dtype
+    qp, vp = qp.contiguous(), vp.to(dt).contiguous()
+    out = torch.empty(b, n, c, dtype=dt)
+    lm_w = None if landmark_conv is None else landmark_conv.to(dt).contiguous()
+    ln_w = ln_b = None
+    ln_eps = 0.0
+    if lm_w is not None:
+        ln_w, ln_b = landmark_norm.weight.to(dt).contiguous(), landmark_norm.bias.to(dt).contiguous()
+        ln_eps = landmark_norm.eps
+    ksize = 0 if conv_weight is None else conv_weight.shape[-1]
+    cw = None if conv_weight is None else conv_weight.reshape(heads, -1).to(dt).contiguous()
+    m = mh * mw
+    work = b * heads * n * m * (2 * d + m)
+    threads = min(torch.get_num_threads(), b * heads) if work >= _PARALLEL_WORK else 1
+    ptr = [ctypes.c_void_p(None if t is None else t.data_ptr()) for t in (qp, vp, lm_w, ln_w, ln_b)]
+    failed = getattr(lib, f"vitmix_soft_mix_{_SUFFIX[dt]}")(
+        *ptr, ln_eps, ctypes.c_void_p(None if cw is None else cw.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+        b, n, prefix, h, w, heads, d, mh, mw, stride, int(pool_first), scale, eps, iters,
+        _RULES["official" if alpha == "official" else True], _NORMS[normalization], ksize, threads)
+    if failed:
+        raise MemoryError(f"SOFT attention: the C forward could not allocate its buffers for {failed} slices")
     return out
