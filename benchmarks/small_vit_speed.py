@@ -11,8 +11,8 @@ rounds (every round times every entry once, so a change of machine load hits all
 
 Each figure is the median over rounds of the per-round ratio to softmax (and its range), next to the
 median time. Entries are ``mixer`` or ``mixer:key=value:key=value`` (candidate options, e.g. fewer landmarks).
-``--profile`` adds a torch.profiler table of one training step of the leaderboard model per entry: what
-dominates.
+``--profile`` adds torch.profiler tables of one training step and of batch-1 inference of the leaderboard
+model per entry: what dominates.
 
     python benchmarks/small_vit_speed.py --threads 2 --rounds 5 --profile
 """
@@ -88,14 +88,13 @@ def _measures(spec: str) -> dict:
     return calls
 
 
-def _profile(spec: str, rows: int = 15) -> str:
+def _profile(call, repeats: int, rows: int = 15) -> str:
     from torch.profiler import ProfilerActivity, profile
 
-    step = _train_step(spec)
-    step()
+    call()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(3):
-            step()
+        for _ in range(repeats):
+            call()
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
 
 
@@ -150,8 +149,12 @@ def main(argv=None) -> int:
     (args.out / "results.json").write_text(json.dumps({"summary": summary, "raw": times}, indent=1))
     if args.profile:
         prof = "\n\n".join(f"## {spec}: one training step of the leaderboard model (3 steps profiled)\n\n```\n"
-                           f"{_profile(spec)}\n```" for spec in specs)
-        (args.out / "profile.md").write_text(f"# What dominates a training step ({args.threads} threads)\n\n{prof}\n")
+                           f"{_profile(_train_step(spec), 3)}\n```\n\n"
+                           f"## {spec}: batch-1 inference (20 calls profiled)\n\n```\n"
+                           f"{_profile(_latency(spec), 20)}\n```" for spec in specs)
+        (args.out / "profile.md").write_text(f"# What dominates a training step and batch-1 inference ({args.threads} "
+                                             f"threads)\n\nThe one-call C forwards of the kernel mixers show as "
+                                             f"`vitmix::*_mix (C)` / `vitmix::nystrom_forward (C)`.\n\n{prof}\n")
     return 0
 
 

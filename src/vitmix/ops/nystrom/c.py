@@ -163,21 +163,16 @@ static int newton_SFX(const TYPE *w, TYPE *M, int64_t m, TYPE eps, int64_t iters
 /* out (n, dv) = C_q M D^T (s * V) + mean(V), the injective map (D: centred C_k; s from T = M^T cov(C_q) M) */
 static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, TYPE *out, int64_t n,
                          int64_t nk, int64_t m, int64_t dv, TYPE norm_eps, TYPE contrast) {
-    const int64_t size = 3 * m * m + 3 * m + nk * m + nk * dv + 2 * m * dv + dv;
+    const int64_t size = 3 * m * m + 2 * m + n * m + 2 * nk * m + nk * dv + 2 * m * dv + dv;
     TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
     if (!buf) return 1;
-    TYPE *cov = buf, *cm = cov + m * m, *T = cm + m * m, *row = T + m * m, *mu = row + m, *muk = mu + m;
-    TYPE *D = muk + m, *sv = D + nk * m, *E = sv + nk * dv, *core = E + m * dv, *mv = core + m * dv;
+    TYPE *cov = buf, *cm = cov + m * m, *T = cm + m * m, *mu = T + m * m, *muk = mu + m, *cc = muk + m;
+    TYPE *D = cc + n * m, *DT = D + nk * m, *sv = DT + nk * m, *E = sv + nk * dv, *core = E + m * dv;
+    TYPE *mv = core + m * dv;
     column_mean_SFX(cq, mu, n, m);
-    for (int64_t e = 0; e < m * m; ++e) cov[e] = 0;
-    for (int64_t i = 0; i < n; ++i) {              /* cov = sum_i (c_i - mu)(c_i - mu)^T / n */
-        for (int64_t a = 0; a < m; ++a) row[a] = cq[i * m + a] - mu[a];
-        for (int64_t a = 0; a < m; ++a) {
-            const TYPE ra = row[a];
-            TYPE *ca = cov + a * m;
-            for (int64_t b = 0; b < m; ++b) ca[b] += ra * row[b];
-        }
-    }
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t a = 0; a < m; ++a) cc[i * m + a] = cq[i * m + a] - mu[a];
+    mtm_SFX(cc, cc, cov, n, m, m);                 /* cov = cc^T cc / n (population, over queries) */
     for (int64_t e = 0; e < m * m; ++e) cov[e] /= (TYPE)n;
     mm_SFX(cov, M, cm, m, m, m);                   /* cov M */
     mtm_SFX(M, cm, T, m, m, m);                    /* M^T cov M */
@@ -189,17 +184,12 @@ static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TY
         }
     column_mean_SFX(ck, muk, nk, m);
     column_mean_SFX(v, mv, nk, dv);
+    for (int64_t j = 0; j < nk; ++j)
+        for (int64_t a = 0; a < m; ++a) D[j * m + a] = ck[j * m + a] - muk[a];
+    mm_SFX(D, T, DT, nk, m, m);                    /* rows d_j T */
     for (int64_t j = 0; j < nk; ++j) {
-        TYPE *dj = D + j * m;
-        for (int64_t a = 0; a < m; ++a) dj[a] = ck[j * m + a] - muk[a];
-        for (int64_t b = 0; b < m; ++b) row[b] = 0;  /* row = d_j T */
-        for (int64_t a = 0; a < m; ++a) {
-            const TYPE da = dj[a];
-            const TYPE *ta = T + a * m;
-            for (int64_t b = 0; b < m; ++b) row[b] += da * ta[b];
-        }
         TYPE var = 0;
-        for (int64_t a = 0; a < m; ++a) var += row[a] * dj[a];
+        for (int64_t a = 0; a < m; ++a) var += DT[j * m + a] * D[j * m + a];
         const TYPE s = (TYPE)1 / SQRTFN((var > 0 ? var : 0) + norm_eps);
         for (int64_t c = 0; c < dv; ++c) sv[j * dv + c] = s * v[j * dv + c];
     }
@@ -294,27 +284,33 @@ static void pool_grid_SFX(const TYPE *x, TYPE *pooled, int64_t H, int64_t W, int
 
 /* o (grid rows, d) += the depthwise ksize x ksize conv (zero padding) of the H x W grid rows of v: channel c
  * uses the filter at w + c * wstride (wstride = ksize^2: one per channel; 0: one shared by all d, SOFT's
- * per-head filter) and bias[c] if bias */
-static void local_conv_SFX(const TYPE *v, TYPE *o, const TYPE *w, int64_t wstride, const TYPE *bias, int64_t H,
-                           int64_t W, int64_t d, int64_t ksize) {
-    const int64_t pad = ksize / 2;
+ * per-head filter) and bias[c] if bias. The taps are first laid out as (ksize^2, d) so that the inner loop
+ * runs over contiguous channels. */
+static int local_conv_SFX(const TYPE *v, TYPE *o, const TYPE *w, int64_t wstride, const TYPE *bias, int64_t H,
+                          int64_t W, int64_t d, int64_t ksize) {
+    const int64_t pad = ksize / 2, taps = ksize * ksize;
+    TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(taps * d));
+    if (!wt) return 1;
+    for (int64_t t = 0; t < taps; ++t)
+        for (int64_t c = 0; c < d; ++c) wt[t * d + c] = w[c * wstride + t];
     for (int64_t r = 0; r < H; ++r)
         for (int64_t cc = 0; cc < W; ++cc) {
-            TYPE *oi = o + (r * W + cc) * d;
-            for (int64_t c = 0; c < d; ++c) {
-                TYPE acc = bias ? bias[c] : 0;
-                const TYPE *wc = w + c * wstride;
-                for (int64_t dy = 0; dy < ksize; ++dy) {
-                    const int64_t rr = r + dy - pad;
-                    if (rr < 0 || rr >= H) continue;
-                    for (int64_t dx = 0; dx < ksize; ++dx) {
-                        const int64_t xx = cc + dx - pad;
-                        if (xx >= 0 && xx < W) acc += wc[dy * ksize + dx] * v[(rr * W + xx) * d + c];
-                    }
+            TYPE *restrict oi = o + (r * W + cc) * d;
+            if (bias)
+                for (int64_t c = 0; c < d; ++c) oi[c] += bias[c];
+            for (int64_t dy = 0; dy < ksize; ++dy) {
+                const int64_t rr = r + dy - pad;
+                if (rr < 0 || rr >= H) continue;
+                for (int64_t dx = 0; dx < ksize; ++dx) {
+                    const int64_t xx = cc + dx - pad;
+                    if (xx < 0 || xx >= W) continue;
+                    const TYPE *restrict vi = v + (rr * W + xx) * d, *restrict wk = wt + (dy * ksize + dx) * d;
+                    for (int64_t c = 0; c < d; ++c) oi[c] += wk[c] * vi[c];
                 }
-                oi[c] += acc;
             }
         }
+    free(wt);
+    return 0;
 }
 
 /* rows [0, n) of column block h of x (B, n, stride) for batch b, times scale, into dst (n, d) */
@@ -351,8 +347,8 @@ int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *
         pool_grid_SFX(k + prefix * d, lk, H, W, mh, mw, d, 0);
         int err = slice_SFX(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast);
         if (!err && ksize > 0)
-            local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
-                           conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
+            err = local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
+                                 conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
         if (!err)
             for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
         failed += err;
@@ -374,6 +370,14 @@ int64_t vitmix_soft_mix_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, co
                             TYPE scale, TYPE eps, int64_t iters, int rule, int norm, int64_t ksize, int nthreads) {
     const int64_t C = heads * d, m = mh * mw, gh = mh * s, gw = mw * s;
     int64_t failed = 0;
+    TYPE *lmt = NULL;                                  /* the landmark conv's taps as (s, s, d_in, d_out) */
+    if (lm_w) {
+        lmt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(s * s * d * d));
+        if (!lmt) return B * heads;
+        for (int64_t co = 0; co < d; ++co)
+            for (int64_t ci = 0; ci < d; ++ci)
+                for (int64_t t = 0; t < s * s; ++t) lmt[(t * d + ci) * d + co] = lm_w[(co * d + ci) * s * s + t];
+    }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
     for (int64_t sl = 0; sl < B * heads; ++sl) {
         const int64_t b = sl / heads, h = sl % heads;
@@ -391,17 +395,16 @@ int64_t vitmix_soft_mix_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, co
             }
             for (int64_t a = 0; a < mh; ++a)
                 for (int64_t bb = 0; bb < mw; ++bb) {
-                    TYPE *lj = lm + (a * mw + bb) * d, mean = 0, var = 0;
-                    for (int64_t co = 0; co < d; ++co) {
-                        TYPE acc = 0;
-                        for (int64_t ci = 0; ci < d; ++ci)
-                            for (int64_t dy = 0; dy < s; ++dy)
-                                for (int64_t dx = 0; dx < s; ++dx)
-                                    acc += lm_w[((co * d + ci) * s + dy) * s + dx]
-                                           * g[((a * s + dy) * gw + bb * s + dx) * d + ci];
-                        lj[co] = acc;
-                        mean += acc;
-                    }
+                    TYPE *restrict lj = lm + (a * mw + bb) * d, mean = 0, var = 0;
+                    for (int64_t co = 0; co < d; ++co) lj[co] = 0;
+                    for (int64_t dy = 0; dy < s; ++dy)        /* inner loop over output channels: contiguous */
+                        for (int64_t dx = 0; dx < s; ++dx)
+                            for (int64_t ci = 0; ci < d; ++ci) {
+                                const TYPE gv = g[((a * s + dy) * gw + bb * s + dx) * d + ci];
+                                const TYPE *restrict wk = lmt + ((dy * s + dx) * d + ci) * d;
+                                for (int64_t co = 0; co < d; ++co) lj[co] += wk[co] * gv;
+                            }
+                    for (int64_t co = 0; co < d; ++co) mean += lj[co];
                     mean /= (TYPE)d;
                     for (int64_t c = 0; c < d; ++c) var += (lj[c] - mean) * (lj[c] - mean);
                     const TYPE inv = (TYPE)1 / SQRTFN(var / (TYPE)d + ln_eps);
@@ -415,12 +418,13 @@ int64_t vitmix_soft_mix_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, co
         }
         int err = slice_SFX(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1);
         if (!err && ksize > 0)
-            local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
+            err = local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
         if (!err)
             for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
         failed += err;
         free(buf);
     }
+    free(lmt);
     return failed;
 }
 """
@@ -494,9 +498,10 @@ def fused_forward(q, k, v, lq, lk, *, kernel: str, lam: float, tied: bool, eps: 
     kind, scale = (0, 0.5) if kernel == "gaussian" else (1, 1.0 / lam)
     work = s * (n + nk) * m * (d + m + dv)
     threads = min(torch.get_num_threads(), s) if work >= _PARALLEL_WORK else 1
-    failed = getattr(lib, f"vitmix_nystrom_forward_{_SUFFIX[q.dtype]}")(
-        *(ctypes.c_void_p(t.data_ptr()) for t in (*flat, out)), s, n, nk, m, d, dv, kind, scale, int(tied), eps,
-        iters, rule, _NORMS[normalization], norm_eps, threads)
+    with torch.profiler.record_function("vitmix::nystrom_forward (C)"):
+        failed = getattr(lib, f"vitmix_nystrom_forward_{_SUFFIX[q.dtype]}")(
+            *(ctypes.c_void_p(t.data_ptr()) for t in (*flat, out)), s, n, nk, m, d, dv, kind, scale, int(tied), eps,
+            iters, rule, _NORMS[normalization], norm_eps, threads)
     if failed:
         raise MemoryError(f"nystrom_attention: the C forward could not allocate its buffers for {failed} slices")
     return out.reshape(*lead, n, dv)
@@ -527,11 +532,12 @@ def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bia
     d, m = c // heads, mh * mw
     work = b * heads * 2 * n * m * (2 * d + m)
     threads = min(torch.get_num_threads(), b * heads) if work >= _PARALLEL_WORK else 1
-    failed = getattr(lib, f"vitmix_laplacian_mix_{_SUFFIX[y.dtype]}")(
-        ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(None if wt is None else wt.data_ptr()),
-        ctypes.c_void_p(None if bias is None else bias.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-        b, n, prefix, h, w, heads, d, mh, mw, 1.0 / lam, eps, iters,
-        _RULES["official" if alpha == "official" else None], norm_eps, contrast, ksize, threads)
+    with torch.profiler.record_function("vitmix::laplacian_mix (C)"):
+        failed = getattr(lib, f"vitmix_laplacian_mix_{_SUFFIX[y.dtype]}")(
+            ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(None if wt is None else wt.data_ptr()),
+            ctypes.c_void_p(None if bias is None else bias.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+            b, n, prefix, h, w, heads, d, mh, mw, 1.0 / lam, eps, iters,
+            _RULES["official" if alpha == "official" else None], norm_eps, contrast, ksize, threads)
     if failed:
         raise MemoryError(f"laplacian attention: the C forward could not allocate its buffers for {failed} slices")
     return out
@@ -568,10 +574,11 @@ def soft_mix(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[torch.T
     work = b * heads * n * m * (2 * d + m)
     threads = min(torch.get_num_threads(), b * heads) if work >= _PARALLEL_WORK else 1
     ptr = [ctypes.c_void_p(None if t is None else t.data_ptr()) for t in (qp, vp, lm_w, ln_w, ln_b)]
-    failed = getattr(lib, f"vitmix_soft_mix_{_SUFFIX[dt]}")(
-        *ptr, ln_eps, ctypes.c_void_p(None if cw is None else cw.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-        b, n, prefix, h, w, heads, d, mh, mw, stride, int(pool_first), scale, eps, iters,
-        _RULES["official" if alpha == "official" else True], _NORMS[normalization], ksize, threads)
+    with torch.profiler.record_function("vitmix::soft_mix (C)"):
+        failed = getattr(lib, f"vitmix_soft_mix_{_SUFFIX[dt]}")(
+            *ptr, ln_eps, ctypes.c_void_p(None if cw is None else cw.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+            b, n, prefix, h, w, heads, d, mh, mw, stride, int(pool_first), scale, eps, iters,
+            _RULES["official" if alpha == "official" else True], _NORMS[normalization], ksize, threads)
     if failed:
         raise MemoryError(f"SOFT attention: the C forward could not allocate its buffers for {failed} slices")
     return out
