@@ -264,17 +264,24 @@ class LaplacianAttention(LandmarkMixer):
             return F.avg_pool2d(g, s, s) if s > 1 else g       # plain r×r pooling (floors a remainder)
         return adaptive_pool(g, (mh, mw))
 
-    def _pool(self, t: torch.Tensor, grid) -> torch.Tensor:
-        """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""
+    def _pools_by_product(self, grid) -> bool:
+        """Whether ``q`` and ``k`` are pooled as one product with the cached pooling matrix
+        (:func:`vitmix.ops.avg_pool_landmarks`): on small grids (``N < 8m``, at most ~8·m²·d multiply-adds per
+        head, no channels-first copy of ``q`` and ``k``; layer N = 65, batch 32, fwd+bwd: 1.49× → 1.29×
+        softmax's time) with adaptive or tiling windows. Larger grids keep the O(N·d) pooling kernels."""
         prefix, h, w = grid
         mh, mw = self.landmark_count(h, w)
         s = self.landmark_stride
-        if self.landmark_hw is None and (mh * s, mw * s) != (h, w):     # r×r pooling that floors a remainder
-            g = self._pool_map(grid_channels_first(t, prefix, h, w))
-            return tokens_from_channels_first(g, t.shape[0], t.shape[1])
-        # the adaptive windows (r×r tiles when they divide the grid) as one product with the cached pooling
-        # matrix: no channels-first copy of q and k (half the time of the pooling kernels at batch 1)
-        return ops.avg_pool_landmarks(t[:, :, prefix:], (h, w), (mh, mw))
+        tiles_or_adaptive = self.landmark_hw is not None or (mh * s, mw * s) == (h, w)
+        return tiles_or_adaptive and prefix + h * w < 8 * mh * mw
+
+    def _pool(self, t: torch.Tensor, grid) -> torch.Tensor:
+        """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""
+        prefix, h, w = grid
+        if self._pools_by_product(grid):
+            return ops.avg_pool_landmarks(t[:, :, prefix:], (h, w), self.landmark_count(h, w))
+        g = self._pool_map(grid_channels_first(t, prefix, h, w))
+        return tokens_from_channels_first(g, t.shape[0], t.shape[1])
 
     def _project(self, x: torch.Tensor, grid):
         """``q, k, v`` ``(B, heads, N, d)`` (unscaled: ``qk_scale`` is folded into λ), the landmarks
@@ -342,6 +349,9 @@ class LaplacianAttention(LandmarkMixer):
             # landmarks: the pooled input projected by the q/k rows of qkv (pooling commutes with it);
             # done only when N >= 8m, otherwise q and k are pooled (no FLOPs)
             total += linear_flops(batch * m, self.dim, 2 * self.dim)
+        grid = self.token_grid(n)
+        if (getattr(self, "rope", False) or self.qk_normed or n < 8 * m) and self._pools_by_product(grid):
+            total += batch * h * 2 * (2 * m * grid[1] * grid[2] * self.head_dim)    # q and k by the pooling matrix
         total += batch * h * self.landmark_flops(n, m)
         return total + local_conv_flops(self, batch, n)
 
