@@ -125,7 +125,8 @@ def main(argv=None) -> int:
     lines = [f"# Small-ViT speed: the leaderboard model and two layers ({args.rounds} alternating rounds, "
              f"{args.threads} threads)", "",
              f"Command: `python benchmarks/small_vit_speed.py --entries {','.join(specs)} --threads {args.threads} "
-             f"--rounds {args.rounds}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, 1-minute load "
+             f"--rounds {args.rounds} --min-run-time {args.min_run_time}{' --profile' if args.profile else ''}`; "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, 1-minute load "
              f"average at the end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores, torch {torch.__version__}.",
              "Each cell: median time, then × softmax as the median (range) of per-round ratios. `train`: one AdamW "
              "step at batch 64 (img/s = 64 / time); `latency`: batch-1 inference; layers: fwd+bwd at batch 32.",
