@@ -54,6 +54,13 @@ class LandmarkMixer(TokenMixer):
         self.landmark_hw = landmark_grid(num_landmarks)
         self.grid_remainder = grid_remainder
 
+    def _floors_a_remainder(self, h: int, w: int) -> bool:
+        """Whether the landmarks are ``r×r`` tiles of a grid the stride does not divide (``num_landmarks=None``
+        with ``grid_remainder="floor"``): windows that adaptive pooling does not reproduce."""
+        mh, mw = self.landmark_count(h, w)
+        s = self.landmark_stride
+        return self.landmark_hw is None and (mh * s, mw * s) != (h, w)
+
     def _eager_cpu_inference(self, x: torch.Tensor) -> bool:
         """Whether this forward may take the one-call C path (``_fused_inference`` of the subclasses): CPU
         float32/float64 input, nothing needs a gradient (``no_grad``/``inference_mode``, or a frozen layer

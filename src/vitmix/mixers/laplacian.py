@@ -271,9 +271,7 @@ class LaplacianAttention(LandmarkMixer):
         softmax's time) with adaptive or tiling windows. Larger grids keep the O(N·d) pooling kernels."""
         prefix, h, w = grid
         mh, mw = self.landmark_count(h, w)
-        s = self.landmark_stride
-        tiles_or_adaptive = self.landmark_hw is not None or (mh * s, mw * s) == (h, w)
-        return tiles_or_adaptive and prefix + h * w < 8 * mh * mw
+        return not self._floors_a_remainder(h, w) and prefix + h * w < 8 * mh * mw
 
     def _pool(self, t: torch.Tensor, grid) -> torch.Tensor:
         """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""
@@ -366,22 +364,22 @@ class LaplacianAttention(LandmarkMixer):
         defaults and the official preset: injective map with a fixed contrast scale, adaptive or tiling
         landmark windows, per-channel conv, no RoPE/q-k norm); ``None`` otherwise. At batch 1 the
         composed path's ~50 small ops per layer cost more than their arithmetic."""
-        prefix, h, w = grid
-        mh, mw = self.landmark_count(h, w)
-        s = self.landmark_stride
-        if (not self.normalize or self.norm_scale == "learnt" or self.log_tau is not None or self.rope
-                or self.qk_normed or self.inverse != "newton" or self.newton_alpha == "safe"
-                or (self.conv_kernel and self.conv_groups != "channel") or mh * mw > 256
-                or (self.landmark_hw is None and (mh * s, mw * s) != (h, w)) or not self._eager_cpu_inference(x)):
+        if (not self._eager_cpu_inference(x) or not self.normalize or self.norm_scale == "learnt"
+                or self.log_tau is not None or self.rope or self.qk_normed or self.inverse != "newton"
+                or self.newton_alpha == "safe" or (self.conv_kernel and self.conv_groups != "channel")
+                or self._floors_a_remainder(*grid[1:])):
             return None
-        from ..ops.nystrom.c import laplacian_mix
+        from ..ops.nystrom.c import MAX_LANDMARKS, laplacian_mix
 
-        n = x.shape[1]
+        n, (_, h, w) = x.shape[1], grid
+        mh, mw = self.landmark_count(h, w)
+        if mh * mw > MAX_LANDMARKS:
+            return None
         conv = self.conv if self.conv_kernel else None
         return laplacian_mix(
             self.qkv(x), None if conv is None else conv.weight, None if conv is None else conv.bias, grid=grid,
-            heads=self.num_heads, landmarks=(mh, mw), lam=self.lam / self.qk_scale, eps=self.newton_eps,
-            iters=self.newton_iters, alpha=self.newton_alpha, norm_eps=self.norm_eps,
+            heads=self.num_heads, landmarks=(mh, mw), lam=self.lam / self.qk_scale,
+            eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, norm_eps=self.norm_eps,
             contrast={"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale])
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):

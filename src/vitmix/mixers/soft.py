@@ -308,18 +308,21 @@ class SoftAttention(LandmarkMixer):
         and the official landmark module (strided conv, LayerNorm, exact GELU) or average pooling; ``None``
         otherwise. At batch 1 the composed path's small ops (two mkldnn convs per layer among them) cost
         more than their arithmetic."""
-        prefix, h, w = grid
-        mh, mw = self.landmark_count(h, w)
-        s = self.landmark_stride
+        if self.inverse != "newton" or not self._eager_cpu_inference(x):
+            return None
         conv_lm = self.landmarks == "conv"
         if conv_lm:     # the official module: LayerNorm with affine, exact GELU (replaced modules: composed)
             norm, act = self.Qnorm_act
             if not (isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None
                     and isinstance(act, nn.GELU) and act.approximate == "none"):
                 return None
-        if self.inverse != "newton" or mh * mw > 256 or not self._eager_cpu_inference(x):
+        from ..ops.nystrom.c import MAX_LANDMARKS, soft_mix
+
+        prefix, h, w = grid
+        mh, mw = self.landmark_count(h, w)
+        s = self.landmark_stride
+        if mh * mw > MAX_LANDMARKS:
             return None
-        from ..ops.nystrom.c import soft_mix
 
         pool_first = self.landmark_hw is not None and (mh * s, mw * s) != (h, w)
         return soft_mix(

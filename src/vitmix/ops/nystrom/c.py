@@ -461,6 +461,9 @@ def _declare(lib) -> None:
 #: the fused inference forward as a small C library (built on first use, cached; see :mod:`.._cbuild`)
 NYSTROM_KERNEL = CKernel("nystrom_forward", nystrom_c_source, _declare)
 
+#: the most landmarks the C forwards take (their Newton–Schulz loop's limit); callers check before projecting
+MAX_LANDMARKS = _NS_C_MAX_M
+
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _NORMS = {None: 0, "soft_norm": 1, "injective": 2}
 #: from this many multiply-adds per call the slices run on all threads (one fork/join: ~10 µs)
@@ -491,7 +494,10 @@ def fused_forward(q, k, v, lq, lk, *, kernel: str, lam: float, tied: bool, eps: 
     if lib is None:
         return None
     lead, (n, d), nk, m, dv = q.shape[:-2], q.shape[-2:], k.shape[-2], lq.shape[-2], v.shape[-1]
-    flat = [t.reshape(-1, *t.shape[-2:]).contiguous() for t in (q, k, v, lq, lk)]
+    q3, v3, lq3 = (t.reshape(-1, *t.shape[-2:]).contiguous() for t in (q, v, lq))
+    k3 = q3 if k is q else k.reshape(-1, *k.shape[-2:]).contiguous()        # tied inputs: one copy
+    lk3 = lq3 if lk is lq else lk.reshape(-1, *lk.shape[-2:]).contiguous()
+    flat = [q3, k3, v3, lq3, lk3]
     s = flat[0].shape[0]
     out = torch.empty(s, n, dv, dtype=q.dtype)
     rule = _RULES["official" if alpha == "official" else symmetric]
@@ -515,11 +521,11 @@ def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bia
     (``exp(-|q - k|₁ / lam)``), Newton–Schulz (``alpha``: ``"transpose"`` or ``"official"``), the injective map
     whose whitened part is multiplied by ``contrast``, and the depthwise conv of the grid values (``conv_weight
     (C, 1, k, k)``, ``conv_bias (C,)``; ``None``: no conv). Returns ``(B, N, C)`` with the heads merged (the input
-    of the output projection), or ``None`` when the library is unavailable. The caller checks that this
+    of the output projection), or ``None`` when the library is unavailable or m > 256. The caller checks that this
     configuration is its own (:class:`vitmix.mixers.laplacian.LaplacianAttention` compares against its
     composed path in the tests)."""
     lib = NYSTROM_KERNEL.load()
-    if lib is None:
+    if lib is None or landmarks[0] * landmarks[1] > MAX_LANDMARKS:
         return None
     prefix, h, w = grid
     b, n, c3 = y.shape
@@ -552,9 +558,9 @@ def soft_mix(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[torch.T
     ``landmark_norm`` (LayerNorm(d)) and GELU (``landmark_conv=None``: window means), the tied Gaussian
     kernels, Newton–Schulz (``alpha``; the symmetric start), ``normalization`` ``None`` or ``"soft_norm"``, and the
     per-head filter ``conv_weight (heads, 1, k, k)`` on the grid values. Returns ``(B, N, C)`` with the heads
-    merged, or ``None`` when the library is unavailable."""
+    merged, or ``None`` when the library is unavailable or m > 256."""
     lib = NYSTROM_KERNEL.load()
-    if lib is None:
+    if lib is None or landmarks[0] * landmarks[1] > MAX_LANDMARKS:
         return None
     prefix, h, w = grid
     b, n, c = qp.shape
