@@ -217,6 +217,9 @@ def test_welch_marks_overlapping_seeds_as_noise():
     assert board["a"]["top1_std"] == pytest.approx(5.0) and board["a"]["params_std"] == 0
     table = markdown(rows, "t")
     assert "90.00 ± 5.00" in table and "≈ (p " in table and "| 1k |" in table      # no "± 0" on constants
+    for run, gflops in zip(rows, [0.055362828, 0.055362816, 0.055362816]):    # counts 12 FLOPs apart
+        run["gflops"] = gflops
+    assert "| 0.0554 |" in markdown(rows, "t")           # a spread below the digits shown is no "± 0.0000"
 
 
 def test_welch_p_matches_the_textbook_formula():

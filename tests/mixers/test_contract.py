@@ -1,4 +1,6 @@
 """The mixer contract (module docstring of vitmix.mixers.base), checked for every registered mixer."""
+import contextlib
+
 import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -28,6 +30,37 @@ def test_shape_and_gradients_with_explicit_non_square_grid(name, batch, prefix):
     out = layer(x)
     assert out.shape == x.shape
     assert torch.isfinite(out).all()
+    _check_finite_backward(layer, out)
+    assert torch.isfinite(x.grad).all()
+
+
+def _clear_module_caches():
+    """Empty vitmix's module-level caches of constants (pooling matrices, sparse plans), so that the next
+    call builds them wherever it runs."""
+    from vitmix.ops import nystrom
+    from vitmix.ops.diagonal import plan
+    for cached in (nystrom._pool_matrix, nystrom._pool_matrix_as, plan._plan_cached, plan._flat_plan):
+        cached.cache_clear()
+
+
+@pytest.mark.parametrize("counted", [False, True], ids=["plain", "flop-counter"])
+@pytest.mark.parametrize("name", ALL)
+def test_constants_first_built_under_inference_mode_serve_a_later_training_step(name, counted):
+    """Evaluation, FLOP counting or a benchmark may build a mixer's cached constants (pooling matrix, sparse
+    pattern) under torch.inference_mode; a training step reusing them must still backpropagate (an
+    inference tensor cannot be saved for backward). Seen in `vitmix compare`: its budget counts FLOPs under
+    inference_mode before training. The FLOP counter (a dispatch mode) also keeps the one-call C inference
+    paths out, so the composed path builds the constants."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _clear_module_caches()
+    hw = (5, 7)           # a small grid: laplacian pools by the cached matrix here (N < 8 m)
+    layer = mixers.create(name, DIM, HEADS)     # the grid told per call: lazily built parameters too
+    x = torch.randn(2, 1 + hw[0] * hw[1], DIM)
+    with torch.inference_mode(), (FlopCounterMode(display=False) if counted else contextlib.nullcontext()):
+        layer.eval()(x, hw=hw, num_prefix_tokens=1)
+    x.requires_grad_()
+    out = layer.train()(x, hw=hw, num_prefix_tokens=1)
     _check_finite_backward(layer, out)
     assert torch.isfinite(x.grad).all()
 

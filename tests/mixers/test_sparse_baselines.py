@@ -364,15 +364,3 @@ def test_linformer_in_a_pyramid_is_materialized_by_create_model():
     lengths = {m.compress_k.shape[-1] for m in model.modules() if isinstance(m, mixers.get_mixer_class("linformer"))}
     assert lengths == {16 * 16, 8 * 8, 4 * 4}        # stages 1-3 at 64² (strides 4, 8, 16); stage 4 is softmax
     model(torch.randn(2, 3, 64, 64)).sum().backward()
-
-
-@pytest.mark.parametrize("name", ["bigbird", "longformer", "fibottention", "linformer"])
-def test_cached_patterns_survive_inference_mode_then_training(name):
-    """A pattern first built under torch.inference_mode (eval, benchmarks) is reused by a training
-    forward; an inference tensor there could not be saved for backward."""
-    layer = mixers.create(name, dim=32, num_heads=2)
-    x = torch.randn(2, 1 + 64, 32)
-    with torch.inference_mode():
-        layer(x)
-    layer(x.requires_grad_()).sum().backward()
-    assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -87,8 +87,9 @@ def _cell(row: dict, key: str, fmt: str) -> str:
         return "-"
     text = _number(value, fmt, key)
     std = row.get(f"{key}_std")
-    if key in MEAN_KEYS and std:         # a spread over seeds (constant columns show no "± 0")
-        text += f" ± {_number(std, fmt, key)}"
+    spread = _number(std, fmt, key) if key in MEAN_KEYS and std else None
+    if spread is not None and spread != _number(0, fmt, key):   # no "± 0" where the seeds agree to the digits shown
+        text += f" ± {spread}"
     return text
 
 

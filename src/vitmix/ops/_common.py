@@ -68,13 +68,18 @@ def exporting_to_onnx() -> bool:
 @contextlib.contextmanager
 def real_tensors() -> Iterator[None]:
     """Tensors created inside are real even while non-strict ``torch.export`` runs the code under its
-    fake/proxy dispatch modes: for constants that a module-level cache keeps (a cached fake tensor
-    would break every later eager call). Under dynamo they are graph constants, as any other."""
-    if torch.compiler.is_dynamo_compiling() or _get_current_dispatch_mode() is None:
+    fake/proxy dispatch modes, and normal tensors even under ``torch.inference_mode``: for constants that
+    a cache keeps (a cached fake tensor would break every later eager call, a cached inference tensor
+    every later backward). Under dynamo they are graph constants, as any other."""
+    if torch.compiler.is_dynamo_compiling():
         yield
         return
-    with _disable_current_modes():
-        yield
+    with torch.inference_mode(False):
+        if _get_current_dispatch_mode() is None:
+            yield
+            return
+        with _disable_current_modes():
+            yield
 
 
 def check_finite_float(name: str, t: torch.Tensor) -> None:
