@@ -44,7 +44,8 @@ def laplacian_reference(layer, x, prefix, H, W, inverse="newton"):
     if layer.normalize:
         R = G - G.mean(-1, keepdim=True)                              # centre each query row
         sd = (R.var(-2, unbiased=False, keepdim=True) + layer.norm_eps).sqrt()  # per-key column
-        G = R / sd / (n if layer.norm_scale == "tokens" else 1) + 1.0 / n  # default: whitened part / N
+        mean_weight = 1.0 if layer.mean_weight is None else layer.mean_weight.view(1, -1, 1, 1)
+        G = R / sd / (n if layer.norm_scale == "tokens" else 1) + mean_weight / n  # default: whitened part / N
     out = G @ v
     if layer.conv_kernel:
         vg = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(b, h * d, H, W)
@@ -82,6 +83,7 @@ CASES = [  # (batch, prefix, H, W, options)
     (2, 1, 9, 6, {"landmark_stride": 3, "rope": True}),
     (2, 0, 7, 5, {"num_landmarks": (3, 2), "lam": 2.0, "qk_scale": 0.5}),
     (1, 1, 4, 4, {"landmark_stride": 1, "conv_kernel": 5}),
+    (2, 1, 5, 7, {"mean_weight": 0.0}),     # perturbed by _make: a different weight per head
 ]
 
 
@@ -115,7 +117,7 @@ def test_inference_in_one_c_call_matches_dense_reference(c_calls, batch, prefix,
     x = torch.randn(batch, prefix + H * W, 48, dtype=torch.float64)
     with torch.no_grad():
         out = layer(x, hw=(H, W), num_prefix_tokens=prefix)
-    covered = opts.get("normalize", True) and not opts.get("rope", False)
+    covered = opts.get("normalize", True) and not opts.get("rope", False) and "mean_weight" not in opts
     assert c_calls["layer"] == int(covered)
     torch.testing.assert_close(out, laplacian_reference(layer, x, prefix, H, W), rtol=1e-8, atol=1e-9)
 
@@ -237,6 +239,8 @@ def test_bad_input_errors():
         mixers.create("laplacian", 48, 3, scale_norm=True)
     with pytest.raises(ValueError, match="multiple of num_heads"):
         mixers.create("laplacian", 48, 5)
+    with pytest.raises(ValueError, match="mean_weight=nan must be a finite number"):
+        mixers.create("laplacian", 48, 3, mean_weight=float("nan"))
 
 
 def test_floor_mode_matches_reference_on_the_trimmed_landmarks():
@@ -317,3 +321,15 @@ def test_learnt_norm_scale_interpolates_the_fixed_scales():
         torch.testing.assert_close(learnt(x), other(x), rtol=1e-10, atol=1e-12)
     learnt(x).square().sum().backward()
     assert learnt.scale_exponent.grad is not None and learnt.scale_exponent.grad.abs().min() > 0
+
+
+def test_mean_weight_one_is_the_map_and_learns():
+    """mean_weight=1.0 starts as the fixed map (same output) and the per-head weight receives a gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 65, 48, dtype=torch.float64)
+    fixed = _make().eval()
+    learnt = mixers.create("laplacian", 48, 3, qkv_bias=True, mean_weight=1.0).double().eval()
+    learnt.load_state_dict(fixed.state_dict(), strict=False)
+    torch.testing.assert_close(learnt(x), fixed(x), rtol=1e-12, atol=1e-12)
+    learnt(x).square().sum().backward()
+    assert learnt.mean_weight.grad is not None and learnt.mean_weight.grad.abs().min() > 0

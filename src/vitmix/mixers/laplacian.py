@@ -109,6 +109,10 @@ class LaplacianAttention(LandmarkMixer):
             ``N^(θ-1)``, which moves between the three (ablation).
         temperature: ``"head"`` multiplies the whitened part by a learnt per-head factor (ablation;
             ``"none"`` default).
+        mean_weight: ``None`` (default): the map's ``mean(V)`` term (its ``1/N``) has weight 1; a number:
+            a learnt per-head weight of that term, initialised to it. ``0.0`` starts the layer without
+            the uniform average every token receives at initialisation, so it starts from its local
+            conv as SOFT does (screen, see ``docs/soft-laplacianformer.md``).
         newton_iters, newton_eps: Newton–Schulz iterations (20) and diagonal perturbation (0.01).
         newton_alpha: ``"transpose"`` (default: ``α·Pᵀ``, ``α = 1/(‖P‖₁‖P‖∞)``: never diverges and,
             like SOFT's start, leaves the smallest eigen-directions of ``P`` un-inverted after 20
@@ -173,6 +177,7 @@ class LaplacianAttention(LandmarkMixer):
         rope_base: float = 100.0,
         grid_remainder: str = "error",
         temperature: str = "none",
+        mean_weight: Optional[float] = None,
         conv_init: str = "default",
         pool_ratio: Optional[int] = None,
         backend: str = "auto",
@@ -198,6 +203,11 @@ class LaplacianAttention(LandmarkMixer):
         self.conv_groups = conv_groups
         self.rope, self.rope_base = bool(rope), float(rope_base)
         self._build_layers(qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer, conv_init, temperature)
+        if mean_weight is not None and not math.isfinite(mean_weight):
+            raise ValueError(f"mean_weight={mean_weight} must be a finite number (the initial weight) or None")
+        # learnt per-head weight of the map's mean(V) term (None: the map's fixed 1)
+        self.mean_weight = (nn.Parameter(torch.full((self.num_heads,), float(mean_weight)))
+                            if mean_weight is not None else None)
 
     def _check_numbers(self, lam, conv_kernel, newton_iters, newton_eps, inverse: str, rope: bool) -> None:
         """``ValueError`` for numeric options out of range (the string options are checked against
@@ -323,6 +333,8 @@ class LaplacianAttention(LandmarkMixer):
             contrast = (out - mean_v) * scale
             if self.log_tau is not None:
                 contrast = contrast * self.log_tau.exp().view(-1, 1, 1).to(out.dtype)
+            if self.mean_weight is not None:
+                mean_v = mean_v * self.mean_weight.view(-1, 1, 1).to(out.dtype)
             out = contrast + mean_v
         return out
 
@@ -365,7 +377,8 @@ class LaplacianAttention(LandmarkMixer):
         landmark windows, per-channel conv, no RoPE/q-k norm); ``None`` otherwise. At batch 1 the
         composed path's ~50 small ops per layer cost more than their arithmetic."""
         if (not self._eager_cpu_inference(x) or not self.normalize or self.norm_scale == "learnt"
-                or self.log_tau is not None or self.rope or self.qk_normed or self.inverse != "newton"
+                or self.log_tau is not None or self.mean_weight is not None or self.rope or self.qk_normed
+                or self.inverse != "newton"
                 or self.newton_alpha == "safe" or (self.conv_kernel and self.conv_groups != "channel")
                 or self._floors_a_remainder(*grid[1:])):
             return None
