@@ -192,7 +192,7 @@ class LaplacianAttention(LandmarkMixer):
                                norm_scale=norm_scale, temperature=temperature, conv_init=conv_init,
                                grid_remainder=grid_remainder).items():
             check_choice(key, value, self._CHOICES[key])
-        self._check_numbers(lam, conv_kernel, newton_iters, newton_eps, inverse, rope)
+        self._check_numbers(lam, conv_kernel, newton_iters, newton_eps, inverse, rope, mean_weight)
         self._init_landmarks(stride, num_landmarks, grid_remainder, conv_kernel, backend)
         self.lam = float(lam)
         self.qk_scale = self._qk_scale(qk_scale)
@@ -203,18 +203,19 @@ class LaplacianAttention(LandmarkMixer):
         self.conv_groups = conv_groups
         self.rope, self.rope_base = bool(rope), float(rope_base)
         self._build_layers(qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer, conv_init, temperature)
-        if mean_weight is not None and not math.isfinite(mean_weight):
-            raise ValueError(f"mean_weight={mean_weight} must be a finite number (the initial weight) or None")
         # learnt per-head weight of the map's mean(V) term (None: the map's fixed 1)
         self.mean_weight = (nn.Parameter(torch.full((self.num_heads,), float(mean_weight)))
                             if mean_weight is not None else None)
 
-    def _check_numbers(self, lam, conv_kernel, newton_iters, newton_eps, inverse: str, rope: bool) -> None:
+    def _check_numbers(self, lam, conv_kernel, newton_iters, newton_eps, inverse: str, rope: bool,
+                       mean_weight: Optional[float] = None) -> None:
         """``ValueError`` for numeric options out of range (the string options are checked against
         ``_CHOICES``)."""
         name = type(self).__name__
         if not lam > 0:
             raise ValueError(f"lam={lam} must be > 0 (the Laplacian kernel bandwidth)")
+        if mean_weight is not None and not math.isfinite(mean_weight):
+            raise ValueError(f"mean_weight={mean_weight} must be a finite number (the initial weight) or None")
         check_conv_kernel(conv_kernel)
         check_newton(name, newton_iters, newton_eps, inverse)
         if rope and self.head_dim % 4:
