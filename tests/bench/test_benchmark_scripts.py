@@ -188,3 +188,38 @@ def test_learning_grid_reads_committed_values_back_without_the_runs_and_forget_r
     learning.main(["--grid", str(grid), "--out", str(out), *only, "--forget", "softmax"])
     last = {r["entry"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
     assert trained and last["softmax"]["committed_seeds"] == [] and last["softmax"]["n"] == 1
+
+
+def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_path, monkeypatch):
+    """benchmarks/convert_recovery.py: teacher, converted students and from-scratch runs are trained
+    once; a second call retrains nothing, re-measures nothing and writes the same table."""
+    recovery = _load("convert_recovery")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("model: vit_nano_patch4_32\nmodel_options: {depth: 1, embed_dim: 32, num_heads: 2}\n"
+                   "data: digits\nimg_size: 16\nepochs: 1\nbatch_size: 64\ntrain_subset: 256\nwarmup_epochs: 0\n")
+    argv = ["--config", str(cfg), "--mixers", "laplacian", "--seeds", "0", "--ft-epochs", "2",
+            "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    monkeypatch.chdir(tmp_path)
+    recovery.main(argv)
+    first = json.loads((tmp_path / "out" / "recovery.json").read_text())
+    assert [r["entry"] for r in first["rows"]] == ["softmax (teacher)", "laplacian"]
+    for row in first["rows"][1:]:
+        assert row["n"] == 1 and all(0 <= row[f"{k}_mean"] <= 100 for k in (*recovery.STAGES, "scratch"))
+    student = tmp_path / "runs" / "seed0" / "convert" / "laplacian"
+    curve = [json.loads(line)["val_acc"] for line in (student / "metrics.jsonl").read_text().splitlines()]
+    assert len(curve) == 2 and first["per_seed"]["0"]["mixers"]["laplacian"]["ft_last"] == curve[-1]
+    assert json.loads((student / "init.json").read_text())["transfer"]["done"]
+    assert [g["mixer"] for g in first["goals"]] == ["laplacian", "laplacian"]   # soft was not run
+    assert (tmp_path / "out" / "recovery.png").stat().st_size > 0
+    assert "| laplacian | 1 |" in (tmp_path / "out" / "recovery.md").read_text()
+
+    import vitmix.compare.runner as runner
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("a finished run was retrained or re-measured")
+
+    monkeypatch.setattr(runner, "train", no_work)
+    monkeypatch.setattr(recovery, "converted_accuracy", no_work)
+    recovery.main(argv)
+    again = json.loads((tmp_path / "out" / "recovery.json").read_text())
+    assert again["rows"] == first["rows"]
