@@ -1,0 +1,104 @@
+"""``benchmarks/dense.py`` end to end at a tiny scale (synthetic garments as the Fashion-MNIST files, one
+optimizer step per run): the table, CSV and JSON rows, the goals, and that a second call trains and measures
+nothing, an interrupted run is continued with ``--resume`` and a run folder that is gone is read back from
+the committed ``dense.json``."""
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import synthetic_garments
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_script_dense", ROOT / "benchmarks" / "dense.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def fashion_dir(tmp_path):
+    """A folder with the four Fashion-MNIST files, holding synthetic garments."""
+    garments, labels = synthetic_garments()
+    root = tmp_path / "fashion-mnist"
+    root.mkdir()
+    for stem in ("train", "t10k"):
+        _write_idx(root / f"{stem}-images-idx3-ubyte.gz", garments)
+        _write_idx(root / f"{stem}-labels-idx1-ubyte.gz", labels)
+    return root
+
+
+def _never(*_args, **_kwargs):
+    raise AssertionError("trained or measured again")
+
+
+@pytest.mark.slow
+def test_dense_benchmark_end_to_end_then_resumes(tmp_path, fashion_dir, monkeypatch):
+    import vitmix.dense.runner as runner
+
+    dense = _load()
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    argv = ["--quick", "--max-steps", "1", "--backbones", "laplacian,weightformer", "--seeds", "0",
+            "--tasks", "segment-64,segment-128,detect-64", "--threads", "1", "--memory-batch", "2",
+            "--data-dir", str(fashion_dir), "--runs-dir", str(runs), "--out", str(out)]
+    assert dense.main(argv) == 0
+
+    md = (out / "dense.md").read_text()
+    assert "| laplacian |" in md and "| weightformer |" in md and "## Goals" in md and "## Recipe" in md
+    assert "backbone GFLOPs 64² → 128²" in md and "rise of the peak RSS" in md
+    # growth of both costs for both linear backbones, laplacian ≥ soft is not asked (no soft): 4 goals
+    assert md.count("from 64² to 128² (goal ≤ 4.5×)") == 4
+    with open(out / "dense.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["backbone"] for r in rows] == ["laplacian", "weightformer"]
+    for r in rows:
+        assert 0 <= float(r["segment-64_mIoU_mean"]) <= 100 and float(r["detect-64_mask_AP_n"]) == 1
+        assert 0 < float(r["gflops_64"]) < float(r["gflops_128"]) and float(r["peak_mib_128"]) > 0
+        assert float(r["train_img_s_detect-64"]) > 0 and float(r["gflops_ratio"]) > 1
+    data = json.loads((out / "dense.json").read_text())
+    assert [(r["key"], r["backbone"], r["status"]) for r in data["runs"]] == [
+        (k, b, "done") for k in ("segment-64", "segment-128", "detect-64") for b in ("laplacian", "weightformer")]
+    assert len(data["goals"]) == 4 and (out / "dense.png").stat().st_size > 0
+
+    # again: every run is finished and every cost cached, so nothing is trained or measured
+    monkeypatch.setattr(dense, "measure_costs", _never)
+    real_train = runner.train_dense
+    monkeypatch.setattr(runner, "train_dense", _never)
+    assert dense.main(argv) == 0
+    assert json.loads((out / "dense.json").read_text())["rows"] == data["rows"]
+
+    # an interrupted run (no summary.json yet) is continued with --resume, and only it
+    (runs / "segment-128" / "laplacian" / "seed-0" / "summary.json").unlink()
+    resumed = []
+    monkeypatch.setattr(runner, "train_dense", lambda cfg, log=print: resumed.append(cfg) or real_train(cfg, log))
+    assert dense.main(argv) == 0
+    assert [(c.model, c.img_size, c.resume) for c in resumed] == [("laplacianformer_nano", 128, True)]
+
+    # a run folder that is gone (a fresh checkout) is read back from the committed dense.json
+    shutil.rmtree(runs / "detect-64" / "weightformer")
+    monkeypatch.setattr(runner, "train_dense", _never)
+    assert dense.main(argv) == 0
+    statuses = {(r["key"], r["backbone"]): r["status"] for r in json.loads((out / "dense.json").read_text())["runs"]}
+    assert statuses[("detect-64", "weightformer")] == "committed" and statuses[("segment-128", "laplacian")] == "done"
+
+
+def test_quick_runs_never_write_the_committed_folder():
+    dense = _load()
+    assert dense.parse_args(["--quick"]).out == Path("runs/dense-bench-quick/results")
+    assert dense.parse_args([]).out == ROOT / "benchmarks" / "results" / "dense"
