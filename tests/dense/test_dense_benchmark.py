@@ -54,27 +54,27 @@ def test_dense_benchmark_end_to_end_then_resumes(tmp_path, fashion_dir, monkeypa
 
     dense = _load()
     runs, out = tmp_path / "runs", tmp_path / "out"
-    argv = ["--quick", "--max-steps", "1", "--backbones", "laplacian,weightformer", "--seeds", "0",
+    argv = ["--quick", "--max-steps", "1", "--backbones", "laplacian", "--seeds", "0",
             "--tasks", "segment-64,segment-128,detect-64", "--threads", "1", "--memory-batch", "2",
             "--data-dir", str(fashion_dir), "--runs-dir", str(runs), "--out", str(out)]
     assert dense.main(argv) == 0
 
     md = (out / "dense.md").read_text()
-    assert "| laplacian |" in md and "| weightformer |" in md and "## Goals" in md and "## Recipe" in md
+    assert "| laplacian |" in md and "## Goals" in md and "## Recipe" in md
     assert "backbone GFLOPs 64² → 128²" in md and "rise of the peak RSS" in md
-    # growth of both costs for both linear backbones, laplacian ≥ soft is not asked (no soft): 4 goals
-    assert md.count("from 64² to 128² (goal ≤ 4.5×)") == 4
+    # growth of both costs of the linear backbone; laplacian ≥ soft is not asked (no soft): 2 goals
+    assert md.count("from 64² to 128² (goal ≤ 4.5×)") == 2
     with open(out / "dense.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert [r["backbone"] for r in rows] == ["laplacian", "weightformer"]
+    assert [r["backbone"] for r in rows] == ["laplacian"]
     for r in rows:
         assert 0 <= float(r["segment-64_mIoU_mean"]) <= 100 and float(r["detect-64_mask_AP_n"]) == 1
         assert 0 < float(r["gflops_64"]) < float(r["gflops_128"]) and float(r["peak_mib_128"]) > 0
         assert float(r["train_img_s_detect-64"]) > 0 and float(r["gflops_ratio"]) > 1
     data = json.loads((out / "dense.json").read_text())
     assert [(r["key"], r["backbone"], r["status"]) for r in data["runs"]] == [
-        (k, b, "done") for k in ("segment-64", "segment-128", "detect-64") for b in ("laplacian", "weightformer")]
-    assert len(data["goals"]) == 4 and (out / "dense.png").stat().st_size > 0
+        (k, "laplacian", "done") for k in ("segment-64", "segment-128", "detect-64")]
+    assert len(data["goals"]) == 2 and (out / "dense.png").stat().st_size > 0
 
     # again: every run is finished and every cost cached, so nothing is trained or measured
     monkeypatch.setattr(dense, "measure_costs", _never)
@@ -91,11 +91,11 @@ def test_dense_benchmark_end_to_end_then_resumes(tmp_path, fashion_dir, monkeypa
     assert [(c.model, c.img_size, c.resume) for c in resumed] == [("laplacianformer_nano", 128, True)]
 
     # a run folder that is gone (a fresh checkout) is read back from the committed dense.json
-    shutil.rmtree(runs / "detect-64" / "weightformer")
+    shutil.rmtree(runs / "detect-64" / "laplacian")
     monkeypatch.setattr(runner, "train_dense", _never)
     assert dense.main(argv) == 0
     statuses = {(r["key"], r["backbone"]): r["status"] for r in json.loads((out / "dense.json").read_text())["runs"]}
-    assert statuses[("detect-64", "weightformer")] == "committed" and statuses[("segment-128", "laplacian")] == "done"
+    assert statuses[("detect-64", "laplacian")] == "committed" and statuses[("segment-128", "laplacian")] == "done"
 
 
 def test_quick_runs_never_write_the_committed_folder():
