@@ -598,6 +598,13 @@ def parse_args(argv=None):
     args.tasks = [t for t in args.tasks.split(",") if t]
     for key in args.tasks:
         parse_task(key)
+    if any(parse_task(k)[0] == "detect" for k in args.tasks):   # say so now, not after the segmentation runs
+        from vitmix.dense.metrics import require_pycocotools
+
+        try:
+            require_pycocotools("--tasks detect-* (COCO box/mask AP)")
+        except ValueError as err:
+            ap.error(f"{err}; or leave detection out: --tasks segment-128,segment-256")
     args.runs_dir = args.runs_dir or Path("runs") / ("dense-bench-quick" if args.quick else "dense-bench")
     args.out = args.out or (args.runs_dir / "results" if args.quick else ROOT / "results" / "dense")
     return args

@@ -34,3 +34,12 @@ def scenes(garments):
 def _small_shapes_one_thread(one_thread):
     """Every dense test works on small tensors, where a second torch thread only waits (tests/conftest.py)."""
     yield
+
+
+@pytest.fixture
+def without_pycocotools(monkeypatch):
+    """pycocotools looks uninstalled, as on a machine without the ``dense`` extra."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pycocotools" else real(name, *a))

@@ -223,6 +223,15 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, messag
     assert not out.exists()
 
 
+def test_detection_without_pycocotools_is_refused_before_training(tmp_path, capsys, without_pycocotools):
+    """Detection is scored with pycocotools; without it the run must say so at once (it used to train a
+    whole run and then fail in its first evaluation with a ModuleNotFoundError)."""
+    out = tmp_path / "run"
+    _fails(["dense", "train", "--task", "detect", "--out", str(out)], capsys,
+           r"--task detect \(COCO box/mask AP\) needs pycocotools.*pip install 'vitmix\[dense\]'")
+    assert not out.exists()
+
+
 def test_a_batch_larger_than_the_data_is_refused_before_writing(folders, tmp_path, capsys):
     out = tmp_path / "run"
     capsys.readouterr()

@@ -7,6 +7,7 @@ and predictions in torchvision's detection format, building the ground-truth COC
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 from typing import Dict, List, Optional, Sequence
 
@@ -107,6 +108,16 @@ def predictions_to_coco(predictions: Sequence[dict], mask_threshold: float = 0.5
                 entry["segmentation"] = _rle(mask)
             results.append(entry)
     return results
+
+
+PIP_HINT = "pip install 'vitmix[dense]' (or: pip install pycocotools)"
+
+
+def require_pycocotools(what: str) -> None:
+    """A one-line ``ValueError`` naming the pip install when pycocotools is missing, so that a detection
+    run says so before it trains, not when its first evaluation imports it."""
+    if importlib.util.find_spec("pycocotools") is None:
+        raise ValueError(f"{what} needs pycocotools, which is not installed: {PIP_HINT}")
 
 
 def coco_ap(predictions: Sequence[dict], targets: Sequence[dict], image_sizes: Sequence[Sequence[int]],

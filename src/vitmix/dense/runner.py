@@ -79,6 +79,14 @@ class _Resized(torch.utils.data.Dataset):
         return image, dict(target, semantic=semantic[0, 0].long())
 
 
+def check_dependencies(task: str) -> None:
+    """Detection is scored with COCO box/mask AP through pycocotools (an optional extra)."""
+    if task == "detect":
+        from .metrics import require_pycocotools
+
+        require_pycocotools("--task detect (COCO box/mask AP)")
+
+
 def build_data(cfg: DenseConfig):
     """``(train, val, num_classes, class_names)`` of ``cfg.data``; a missing or broken folder fails here,
     before the run directory exists."""
@@ -307,6 +315,7 @@ def train_dense(cfg: DenseConfig, log=print) -> dict:
     from ..train.distributed import cleanup, init_distributed
 
     check_model(cfg.model)
+    check_dependencies(cfg.task)
     run_dir = prepare_run_dir(cfg)
     train_set, val_set, num_classes, classes = build_data(cfg)
     dist_info = init_distributed(cfg.device)
@@ -444,6 +453,7 @@ def evaluate_dense(checkpoint, data_dir: Optional[str] = None, batch_size: int =
     (``fashion-scenes``: the run's own validation scenes; ``data_dir`` overrides the run's folder)."""
     model, meta, path = load_dense(checkpoint, device)
     run_cfg = _run_config(path)
+    check_dependencies(run_cfg.get("task", "segment"))
     values = dict(run_cfg, data_dir=data_dir or run_cfg.get("data_dir"))
     if val_scenes is not None:
         values["val_scenes"] = val_scenes
