@@ -30,6 +30,7 @@ from pathlib import Path
 from vitmix._util import markdown_table
 from vitmix.bench.env import environment
 from vitmix.compare.runner import Entry, train_entry
+from vitmix.runs import save_text
 from vitmix.train.config import TrainConfig, load_yaml
 
 ROOT = Path(__file__).resolve().parent
@@ -64,10 +65,7 @@ def cached(path: Path, measure) -> float:
     if path.is_file():
         return json.loads(path.read_text())["val_acc"]
     result = measure()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    save_text(path, json.dumps(result, indent=1))
     return result["val_acc"]
 
 
