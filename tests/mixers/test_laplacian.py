@@ -83,7 +83,7 @@ CASES = [  # (batch, prefix, H, W, options)
     (2, 1, 9, 6, {"landmark_stride": 3, "rope": True}),
     (2, 0, 7, 5, {"num_landmarks": (3, 2), "lam": 2.0, "qk_scale": 0.5}),
     (1, 1, 4, 4, {"landmark_stride": 1, "conv_kernel": 5}),
-    (2, 1, 5, 7, {"mean_weight": 0.0}),     # perturbed by _make: a different weight per head
+    (2, 1, 5, 7, {"mean_weight": None}),    # the fixed map (default: a learnt weight per head, perturbed by _make)
 ]
 
 
@@ -117,12 +117,13 @@ def test_inference_in_one_c_call_matches_dense_reference(c_calls, batch, prefix,
     x = torch.randn(batch, prefix + H * W, 48, dtype=torch.float64)
     with torch.no_grad():
         out = layer(x, hw=(H, W), num_prefix_tokens=prefix)
-    covered = opts.get("normalize", True) and not opts.get("rope", False) and "mean_weight" not in opts
+    covered = opts.get("normalize", True) and not opts.get("rope", False)
     assert c_calls["layer"] == int(covered)
     torch.testing.assert_close(out, laplacian_reference(layer, x, prefix, H, W), rtol=1e-8, atol=1e-9)
 
 
-@pytest.mark.parametrize("opts", [{}, {"norm_scale": "sqrt"}, {"conv_kernel": 0}, {"num_landmarks": 9}])
+@pytest.mark.parametrize("opts", [{}, {"norm_scale": "sqrt"}, {"conv_kernel": 0}, {"num_landmarks": 9},
+                                  {"mean_weight": None}])
 @pytest.mark.parametrize("batch,prefix,hw", [(1, 1, (14, 14)), (3, 4, (7, 9))])
 def test_inference_in_one_c_call_matches_the_composed_path_float32(c_calls, opts, batch, prefix, hw):
     """float32 at the leaderboard's shape and an odd one: the C call against the composed path that runs
@@ -155,7 +156,8 @@ def test_structure_and_defaults():
 
 
 def test_qk_norm_matches_reference_with_normed_inputs():
-    layer = _make(qk_norm=True, norm_scale="none", num_prefix_tokens=0, num_landmarks=None).eval()  # 2×2 pooling
+    layer = _make(qk_norm=True, norm_scale="none", mean_weight=None, num_prefix_tokens=0,
+                  num_landmarks=None).eval()  # 2×2 pooling
     x = torch.randn(2, 64, 48, dtype=torch.float64)
     out = layer(x)
     b, n, h, d = 2, 64, 3, 16
@@ -323,13 +325,16 @@ def test_learnt_norm_scale_interpolates_the_fixed_scales():
     assert learnt.scale_exponent.grad is not None and learnt.scale_exponent.grad.abs().min() > 0
 
 
-def test_mean_weight_one_is_the_map_and_learns():
-    """mean_weight=1.0 starts as the fixed map (same output) and the per-head weight receives a gradient."""
+def test_fixed_map_checkpoint_loads_as_weight_one_and_learns():
+    """A state dict of the fixed map (``mean_weight=None``, the default before 0.0) loads strictly into the
+    default layer as a weight of 1 per head: the same outputs, and the weight receives a gradient."""
     torch.manual_seed(0)
     x = torch.randn(2, 65, 48, dtype=torch.float64)
-    fixed = _make().eval()
-    learnt = mixers.create("laplacian", 48, 3, qkv_bias=True, mean_weight=1.0).double().eval()
-    learnt.load_state_dict(fixed.state_dict(), strict=False)
+    fixed = _make(mean_weight=None).eval()
+    assert "mean_weight" not in fixed.state_dict()
+    learnt = mixers.create("laplacian", 48, 3, qkv_bias=True).double().eval()
+    learnt.load_state_dict(fixed.state_dict())
+    assert torch.equal(learnt.mean_weight.detach(), torch.ones(3, dtype=torch.float64))
     torch.testing.assert_close(learnt(x), fixed(x), rtol=1e-12, atol=1e-12)
     learnt(x).square().sum().backward()
     assert learnt.mean_weight.grad is not None and learnt.mean_weight.grad.abs().min() > 0

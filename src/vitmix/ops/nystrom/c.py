@@ -160,9 +160,10 @@ static int newton_SFX(const TYPE *w, TYPE *M, int64_t m, TYPE eps, int64_t iters
     return 0;
 }
 
-/* out (n, dv) = C_q M D^T (s * V) + mean(V), the injective map (D: centred C_k; s from T = M^T cov(C_q) M) */
+/* out (n, dv) = contrast C_q M D^T (s * V) + mean_w mean(V), the injective map (D: centred C_k; s from
+ * T = M^T cov(C_q) M; contrast and mean_w: laplacian's norm_scale and its learnt mean(V) weight, else 1) */
 static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, TYPE *out, int64_t n,
-                         int64_t nk, int64_t m, int64_t dv, TYPE norm_eps, TYPE contrast) {
+                         int64_t nk, int64_t m, int64_t dv, TYPE norm_eps, TYPE contrast, TYPE mean_w) {
     const int64_t size = 3 * m * m + 2 * m + n * m + 2 * nk * m + nk * dv + 2 * m * dv + dv;
     TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
     if (!buf) return 1;
@@ -198,7 +199,7 @@ static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TY
     for (int64_t e = 0; e < m * dv; ++e) core[e] *= contrast;   /* the whitened part's scale (laplacian's norm_scale) */
     mm_SFX(cq, core, out, n, m, dv);
     for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < dv; ++c) out[i * dv + c] += mv[c];
+        for (int64_t c = 0; c < dv; ++c) out[i * dv + c] += mean_w * mv[c];
     free(buf);
     return 0;
 }
@@ -206,7 +207,7 @@ static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TY
 /* One (batch, head) slice: kernels, inverse, normalisation. Returns nonzero when out of memory. */
 static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq, const TYPE *lk, TYPE *out,
                      int64_t n, int64_t nk, int64_t m, int64_t d, int64_t dv, int kind, TYPE scale, int tied,
-                     TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps, TYPE contrast) {
+                     TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps, TYPE contrast, TYPE mean_w) {
     const int64_t mk = (m + FJB - 1) / FJB * FJB;
     const int64_t size = n * m + (tied ? 0 : nk * m) + 2 * m * m + 2 * m * dv + 2 * d * mk;
     TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
@@ -223,7 +224,7 @@ static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq
     kernel_matrix_SFX(lq, lkt, w, m, m, mk, d, kind, scale);
     err = newton_SFX(w, M, m, eps, iters, rule);
     if (!err && norm == 2) {
-        err = injective_SFX(cq, ck, M, v, out, n, nk, m, dv, norm_eps, contrast);
+        err = injective_SFX(cq, ck, M, v, out, n, nk, m, dv, norm_eps, contrast, mean_w);
     } else if (!err) {
         if (norm == 1) {                           /* SOFT-Norm: D^(-1/2) M D^(-1/2), D = row sums of W */
             for (int64_t a = 0; a < m; ++a) {
@@ -252,7 +253,8 @@ int64_t vitmix_nystrom_forward_SFX(const TYPE *q, const TYPE *k, const TYPE *v, 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
     for (int64_t s = 0; s < S; ++s)
         failed += slice_SFX(q + s * n * d, k + s * nk * d, v + s * nk * dv, lq + s * m * d, lk + s * m * d,
-                            out + s * n * dv, n, nk, m, d, dv, kind, scale, tied, eps, iters, rule, norm, norm_eps, 1);
+                            out + s * n * dv, n, nk, m, d, dv, kind, scale, tied, eps, iters, rule, norm, norm_eps,
+                            1, 1);
     return failed;
 }
 
@@ -325,13 +327,14 @@ static void gather_head_SFX(const TYPE *x, TYPE *dst, int64_t b, int64_t n, int6
  * projection y (B, n, 3C) (q, k, v of head h at columns h d, C + h d, 2C + h d): landmarks by adaptive
  * average pooling of the grid queries and keys (mh x mw windows of the H x W grid after `prefix` tokens, as
  * F.adaptive_avg_pool2d), the untied Laplacian kernels, Newton-Schulz, the injective map with its contrast
- * scale, plus the depthwise ksize x ksize convolution of the grid values (conv_w (C, ksize^2), conv_b (C)
- * or NULL; ksize 0: none) on the grid tokens. out (B, n, C): heads merged, ready for the output
+ * scale and the per-head weight of its mean(V) term (mean_w (heads) or NULL: 1), plus the depthwise
+ * ksize x ksize convolution of the grid values (conv_w (C, ksize^2), conv_b (C) or NULL; ksize 0: none) on
+ * the grid tokens. out (B, n, C): heads merged, ready for the output
  * projection. Returns the number of slices that ran out of memory. */
 int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *conv_b, TYPE *out, int64_t B,
                                  int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads, int64_t d,
                                  int64_t mh, int64_t mw, TYPE scale, TYPE eps, int64_t iters, int rule, TYPE norm_eps,
-                                 TYPE contrast, int64_t ksize, int nthreads) {
+                                 TYPE contrast, const TYPE *mean_w, int64_t ksize, int nthreads) {
     const int64_t C = heads * d, m = mh * mw;
     int64_t failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
@@ -345,7 +348,8 @@ int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *
         gather_head_SFX(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
         pool_grid_SFX(q + prefix * d, lq, H, W, mh, mw, d, 0);
         pool_grid_SFX(k + prefix * d, lk, H, W, mh, mw, d, 0);
-        int err = slice_SFX(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast);
+        int err = slice_SFX(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast,
+                            mean_w ? mean_w[h] : (TYPE)1);
         if (!err && ksize > 0)
             err = local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
                                  conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
@@ -416,7 +420,7 @@ int64_t vitmix_soft_mix_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, co
         } else {
             pool_grid_SFX(q + prefix * d, lm, H, W, mh, mw, d, pool_first ? 0 : s);
         }
-        int err = slice_SFX(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1);
+        int err = slice_SFX(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1);
         if (!err && ksize > 0)
             err = local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
         if (!err)
@@ -449,7 +453,7 @@ def _declare(lib) -> None:
         fn.restype = ctypes.c_int64
         mix = getattr(lib, f"vitmix_laplacian_mix_{sfx}")
         mix.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 9 + [real, real, ctypes.c_int64, ctypes.c_int, real,
-                        real, ctypes.c_int64, ctypes.c_int])
+                        real, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int])
         mix.restype = ctypes.c_int64
         soft = getattr(lib, f"vitmix_soft_mix_{sfx}")
         soft.argtypes = ([ctypes.c_void_p] * 5 + [real] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 10
@@ -515,11 +519,12 @@ def fused_forward(q, k, v, lq, lk, *, kernel: str, lam: float, tied: bool, eps: 
 
 def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bias: Optional[torch.Tensor], *,
                   grid, heads: int, landmarks, lam: float, eps: float, iters: int, alpha: str, norm_eps: float,
-                  contrast: float):
+                  contrast: float, mean_weight: Optional[torch.Tensor] = None):
     """LaplacianFormer's token mixing for inference from its fused ``qkv`` output ``y (B, N, 3C)``, in one C
     call: adaptive-pooled landmarks of the grid queries and keys, the untied Laplacian kernels
     (``exp(-|q - k|₁ / lam)``), Newton–Schulz (``alpha``: ``"transpose"`` or ``"official"``), the injective map
-    whose whitened part is multiplied by ``contrast``, and the depthwise conv of the grid values (``conv_weight
+    whose whitened part is multiplied by ``contrast`` and whose ``mean(V)`` term by ``mean_weight (heads,)``
+    (``None``: 1), and the depthwise conv of the grid values (``conv_weight
     (C, 1, k, k)``, ``conv_bias (C,)``; ``None``: no conv). Returns ``(B, N, C)`` with the heads merged (the input
     of the output projection), or ``None`` when the library is unavailable or m > 256. The caller checks that this
     configuration is its own (:class:`vitmix.mixers.laplacian.LaplacianAttention` compares against its
@@ -535,6 +540,7 @@ def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bia
     ksize = 0 if conv_weight is None else conv_weight.shape[-1]
     wt = conv_weight.reshape(c, -1).to(y.dtype).contiguous() if conv_weight is not None else None
     bias = conv_bias.to(y.dtype).contiguous() if conv_bias is not None and conv_weight is not None else None
+    mean_w = mean_weight.to(y.dtype).contiguous() if mean_weight is not None else None
     d, m = c // heads, mh * mw
     work = b * heads * 2 * n * m * (2 * d + m)
     threads = min(torch.get_num_threads(), b * heads) if work >= _PARALLEL_WORK else 1
@@ -543,7 +549,8 @@ def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bia
             ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(None if wt is None else wt.data_ptr()),
             ctypes.c_void_p(None if bias is None else bias.data_ptr()), ctypes.c_void_p(out.data_ptr()),
             b, n, prefix, h, w, heads, d, mh, mw, 1.0 / lam, eps, iters,
-            _RULES["official" if alpha == "official" else None], norm_eps, contrast, ksize, threads)
+            _RULES["official" if alpha == "official" else None], norm_eps, contrast,
+            ctypes.c_void_p(None if mean_w is None else mean_w.data_ptr()), ksize, threads)
     if failed:
         raise MemoryError(f"laplacian attention: the C forward could not allocate its buffers for {failed} slices")
     return out
