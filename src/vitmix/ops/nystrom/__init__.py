@@ -14,7 +14,7 @@ all evaluated right to left in ``O(N·m·d + m³·iters)`` time and ``O(N·m)`` 
 matrix is ever formed. For SOFT the caller ties ``k is q`` and ``k_landmarks is q_landmarks``; the
 op then computes ``C_q`` once and uses ``M`` on a symmetric ``W``.
 
-Injective normalisation (LaplacianFormer, spec §2.2 item 7). With the implicit approximation
+Injective normalisation (LaplacianFormer). With the implicit approximation
 ``Ĝ = C_q M C_kᵀ (N×N_k)``, per sample and per head:
 
     μ_i  = mean_j Ĝ_ij                         (each query's row mean, over keys)
