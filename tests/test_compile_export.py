@@ -175,8 +175,11 @@ def _check_export(model, claim: str, program=None):
     for batch in (1, 3):
         other = _inputs(model, batch)
         with torch.no_grad():
-            # the same kernels behind the custom ops; only reduction orders of the traced code differ
-            assert relative_error(program(*other), model(*other)) <= 1e-5, batch
+            # eager inference of the kernel mixers is one fused C call per layer, the trace runs the composed
+            # custom ops: the same arithmetic summed in another order, then amplified by 20 Newton–Schulz
+            # rounds (the float32 bound of the fused-vs-composed tests in tests/mixers; laplacianformer_*
+            # measured 3.3e-5)
+            assert relative_error(program(*other), model(*other)) <= 5e-5, batch
 
 
 @functools.lru_cache(maxsize=None)
