@@ -9,12 +9,15 @@ teacher's whole budget, so the table says both what the conversion keeps and wha
     python benchmarks/convert_recovery.py --config configs/convert-fashion-mnist.yaml --seeds 0,1
 
 Runs go to ``runs/convert-recovery/seed<S>/{teacher,scratch/<mixer>,convert/<mixer>}`` (finished ones
-are read back, interrupted ones resumed, so the command resumes); the table of mean ± std over seeds,
-the goals and a plot to ``benchmarks/results/convert/`` (``recovery.md``, ``recovery.csv``,
-``recovery.json``, ``recovery.png``), rewritten after every run. Each run is also one command: the
-teacher and the scratch runs are ``vitmix train --config CONFIG --mixer NAME --seed S``, a converted
-student is the same plus ``--init-from TEACHER --transfer-epochs 1 --distill --epochs 3 --lr 5e-4
---warmup-epochs 0.2``.
+are read back, interrupted ones resumed, so the command resumes). Each seed's accuracies go to
+``benchmarks/results/convert/seed<S>.json``; the table of mean ± std over every seed file there, the
+goals and a plot go beside them (``recovery.md``, ``recovery.csv``, ``recovery.json``,
+``recovery.png``), rewritten after every run. Seeds can therefore be run by separate commands (two
+single-thread processes side by side, or on different days) and still land in one table.
+
+Each run is also one command: the teacher and the scratch runs are
+``vitmix train --config CONFIG --mixer NAME --seed S``; a converted student is the same plus
+``--init-from TEACHER --transfer-epochs 1 --distill --epochs 3 --lr 5e-4 --warmup-epochs 0.2``.
 """
 from __future__ import annotations
 
@@ -209,13 +212,31 @@ def plot(rows, path: Path, ft_epochs: int) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write(per_seed, mixers, students, cfg_path: Path, out: Path, env: dict, cmd: str) -> str:
+def seed_results(out: Path, running: dict, students: dict) -> dict:
+    """Every seed's results: the ``seed<S>.json`` files in ``out`` (earlier or parallel commands), with
+    this command's seeds (``running``) taking precedence. A file made with another student recipe is
+    an error: averaging over different schedules would be meaningless."""
+    per_seed = {}
+    for path in sorted(out.glob("seed*.json")):
+        saved = json.loads(path.read_text())
+        if saved["students"] != students:
+            raise ValueError(f"{path} was made with student recipe {saved['students']}, this command uses "
+                             f"{students}; move it away or rerun with its flags")
+        per_seed[int(saved["seed"])] = saved["result"]
+    return {**per_seed, **running}
+
+
+def write(running, mixers, students, cfg_path: Path, out: Path, env: dict, cmd: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    for seed, result in running.items():
+        save_text(out / f"seed{seed}.json", json.dumps({"seed": seed, "students": students, "environment": env,
+                                                        "command": cmd, "result": result}, indent=1))
+    per_seed = seed_results(out, running, students)
     rows = summarise(per_seed, mixers)
     goal_rows = goals(rows) if rows[0]["teacher_mean"] is not None else []
-    out.mkdir(parents=True, exist_ok=True)
     text = report(rows, goal_rows, per_seed, students, cfg_path, env, cmd)
-    (out / "recovery.md").write_text(text)
-    (out / "recovery.json").write_text(json.dumps({"environment": env, "command": cmd, "config": cfg_path.as_posix(),
+    save_text(out / "recovery.md", text)
+    save_text(out / "recovery.json", json.dumps({"environment": env, "command": cmd, "config": cfg_path.as_posix(),
                                                    "students": students, "rows": rows, "goals": goal_rows,
                                                    "per_seed": per_seed}, indent=1))
     with open(out / "recovery.csv", "w", newline="") as f:

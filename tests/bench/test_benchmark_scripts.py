@@ -4,6 +4,8 @@ import json
 import importlib.util
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -223,3 +225,17 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
     recovery.main(argv)
     again = json.loads((tmp_path / "out" / "recovery.json").read_text())
     assert again["rows"] == first["rows"]
+
+    # A seed finished by another command (its seed1.json beside the table) joins the mean; a seed file
+    # made with another student recipe is refused rather than averaged in.
+    other = json.loads((tmp_path / "out" / "seed0.json").read_text())
+    assert other["result"]["mixers"]["laplacian"] == first["per_seed"]["0"]["mixers"]["laplacian"]
+    other["seed"] = 1
+    (tmp_path / "out" / "seed1.json").write_text(json.dumps(other))
+    recovery.main(argv)
+    both = json.loads((tmp_path / "out" / "recovery.json").read_text())
+    assert [r["n"] for r in both["rows"]] == [2, 2] and sorted(both["per_seed"]) == ["0", "1"]
+    other["students"]["epochs"] = 5
+    (tmp_path / "out" / "seed1.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="seed1.json was made with student recipe"):
+        recovery.main(argv)
