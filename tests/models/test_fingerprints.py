@@ -53,11 +53,14 @@ def test_model_output_is_unchanged(name):
     # Newton–Schulz (observed: 3e-7 of the absolute sum in laplacianformer_small); the sum of logits
     # cancels, so it is compared on the scale of the absolute sum. A changed model moves these by
     # orders of magnitude more. Another CPU (AVX-512 vs AVX2 GEMM kernels) rounds differently again:
-    # observed 1.7e-4 of the mean |logit| on one logit of laplacianformer_large (20 blocks, 4 stages).
+    # observed 1.7e-4 of the mean |logit| on one logit of laplacianformer_large (20 blocks, 4 stages), and
+    # on an AVX-512 VM 2.2e-5 of the absolute sum on the sum and 5.5e-4 of the mean |logit| on one logit of
+    # laplacianformer_large/huge with the recorded code. The bounds below are ~2-4x those; a changed
+    # model (another init, a missing term) moves the logits by tens of percent.
     scale = ref["abs_sum"] / ref["numel"]
     assert now["abs_sum"] == pytest.approx(ref["abs_sum"], rel=1e-4)
-    assert abs(now["sum"] - ref["sum"]) <= 1e-5 * ref["abs_sum"]
-    assert now["head"] == pytest.approx(ref["head"], rel=1e-4, abs=5e-4 * scale)
+    assert abs(now["sum"] - ref["sum"]) <= 5e-5 * ref["abs_sum"]
+    assert now["head"] == pytest.approx(ref["head"], rel=1e-4, abs=2e-3 * scale)
 
 
 if __name__ == "__main__" and "--update" in sys.argv:

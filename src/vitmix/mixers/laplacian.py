@@ -291,7 +291,7 @@ class LaplacianAttention(LandmarkMixer):
         """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""
         prefix, h, w = grid
         if self._pools_by_product(grid):
-            return ops.avg_pool_landmarks(t[:, :, prefix:], (h, w), self.landmark_count(h, w))
+            return ops.avg_pool_landmarks(t, (h, w), self.landmark_count(h, w), prefix=prefix)
         g = self._pool_map(grid_channels_first(t, prefix, h, w))
         return tokens_from_channels_first(g, t.shape[0], t.shape[1])
 
@@ -321,19 +321,26 @@ class LaplacianAttention(LandmarkMixer):
         return q, k, v, lq, lk, y
 
     def _attend(self, q, k, v, lq, lk):
+        n = v.shape[-2]
+        # Z = R·D^(-1/2) + 1/N  →  R·D^(-1/2)/N + w/N: ZV = w·mean(V) + (whitened part)/N. The fixed
+        # scales and the mean weight are applied inside the op (no extra full-size passes); the
+        # learnt exponent and temperature ablations compose them here, as does a traced graph (N may
+        # be a tensor or a symbolic size there, not a number).
+        inside = (self.normalize and self.scale_exponent is None and self.log_tau is None
+                  and isinstance(n, int) and not isinstance(n, bool))
         out = ops.nystrom_attention(
             q, k, v, lq, lk, kernel="laplacian", lam=self.lam / self.qk_scale,  # exp(-|sq - sk|/λ)
             iters=self.newton_iters, eps=self.newton_eps, alpha=self.newton_alpha, inverse=self.inverse,
             normalization="injective" if self.normalize else None, norm_eps=self.norm_eps, backend=self.backend,
+            contrast=self._contrast(n) if inside else 1.0,
+            mean_weight=self.mean_weight.view(-1, 1, 1) if inside and self.mean_weight is not None else None,
         )
-        if self.normalize and (self.norm_scale != "none" or self.log_tau is not None or self.mean_weight is not None):
-            # Z = R·D^(-1/2) + 1/N  →  R·D^(-1/2)/N + 1/N: ZV = mean(V) + (whitened part)/N
+        if self.normalize and not inside:
             mean_v = v.mean(-2, keepdim=True).to(out.dtype)
-            n = v.shape[-2]
             if self.scale_exponent is not None:
                 scale = torch.exp((self.scale_exponent - 1.0) * math.log(n)).view(-1, 1, 1).to(out.dtype)
             else:
-                scale = {"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale]
+                scale = self._contrast(n)
             contrast = (out - mean_v) * scale
             if self.log_tau is not None:
                 contrast = contrast * self.log_tau.exp().view(-1, 1, 1).to(out.dtype)
@@ -341,6 +348,10 @@ class LaplacianAttention(LandmarkMixer):
                 mean_v = mean_v * self.mean_weight.view(-1, 1, 1).to(out.dtype)
             out = contrast + mean_v
         return out
+
+    def _contrast(self, n: int) -> float:
+        """The fixed factor of the map's whitened part at ``n`` tokens (``norm_scale``)."""
+        return {"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale]
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """A checkpoint without ``mean_weight`` was saved with the fixed map (``mean_weight=None``, the
@@ -405,7 +416,7 @@ class LaplacianAttention(LandmarkMixer):
             self.qkv(x), None if conv is None else conv.weight, None if conv is None else conv.bias, grid=grid,
             heads=self.num_heads, landmarks=(mh, mw), lam=self.lam / self.qk_scale,
             eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, norm_eps=self.norm_eps,
-            contrast={"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale],
+            contrast=self._contrast(n),
             mean_weight=None if self.mean_weight is None else self.mean_weight.detach())
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):

@@ -197,6 +197,56 @@ def test_bad_input_raises_value_error():
         nystrom_attention(q, k, v, lq, lk, inverse="pinv")
     with pytest.raises(ValueError, match="do not broadcast"):
         nystrom_attention(q, k, v, torch.randn(2, 3, 4, 4, dtype=D64), lk)
+    with pytest.raises(ValueError, match="need normalization='injective'"):
+        nystrom_attention(q, k, v, lq, lk, contrast=0.5)
+    with pytest.raises(ValueError, match="contrast=0 must be a finite number > 0"):
+        nystrom_attention(q, k, v, lq, lk, normalization="injective", contrast=0)
+    with pytest.raises(ValueError, match="mean_weight must be None or a tensor"):
+        nystrom_attention(q, k, v, lq, lk, normalization="injective", mean_weight=0.5)
+
+
+def _weighted_reference(q, k, v, lq, lk, contrast, mean_weight, **kw):
+    """The weighted injective map composed outside the O(N²) reference: c·(out − mean V) + w·mean V."""
+    out = nystrom_attention_reference(q, k, v, lq, lk, normalization="injective", **kw)
+    mean_v = v.mean(-2, keepdim=True)
+    return contrast * (out - mean_v) + mean_weight * mean_v
+
+
+@pytest.mark.parametrize("batch,n,contrast", [(1, 9, 1.0 / 9), (3, 14, 0.37)])
+def test_weighted_injective_map_matches_reference_and_gradcheck(batch, n, contrast):
+    """contrast and a per-head mean_weight applied inside the injective core: forward and every gradient
+    (mean_weight's included, summed over the batch it broadcasts along) against the composition around the
+    O(N²) reference, float64 (same tolerances as the unweighted comparison), and gradcheck."""
+    q, k, v, lq, lk = _inputs(batch, 2, n, 3, 4, dv=5, seed=31)
+    w = torch.tensor([0.3, -1.2], dtype=D64).view(2, 1, 1)
+    kw = dict(kernel="laplacian", inverse="exact", lam=2.0)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, lq, lk, w)]
+    out = nystrom_attention(*leaves[:5], normalization="injective", contrast=contrast, mean_weight=leaves[5], **kw)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v, lq, lk, w)]
+    ref = _weighted_reference(*ref_leaves[:5], contrast, ref_leaves[5], **kw)
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-9)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(32), dtype=D64)
+    for a, r in zip(torch.autograd.grad(out, leaves, g), torch.autograd.grad(ref, ref_leaves, g)):
+        torch.testing.assert_close(a, r, rtol=1e-6, atol=1e-8)
+
+    def fn(*t):
+        return nystrom_attention(*t[:5], normalization="injective", contrast=contrast, mean_weight=t[5], **kw)
+
+    assert torch.autograd.gradcheck(fn, tuple(t.detach().requires_grad_() for t in (q, k, v, lq, lk, w)),
+                                    eps=1e-6, atol=1e-6)
+
+
+def test_weighted_injective_map_in_the_c_forward(c_calls):
+    """Without gradients the C forward runs and the weights are applied to its output: same numbers as
+    the autograd path (float64)."""
+    q, k, v, lq, lk = _inputs(2, 2, 20, 4, 4, seed=33)
+    w = torch.tensor([0.5, 2.0], dtype=D64).view(2, 1, 1)
+    kw = dict(kernel="laplacian", normalization="injective", alpha="transpose", contrast=0.05, mean_weight=w)
+    composed = nystrom_attention(q.requires_grad_(), k, v, lq, lk, **kw).detach()
+    with torch.no_grad():
+        fused = nystrom_attention(q, k, v, lq, lk, **kw)
+    assert c_calls["fused"] == 1
+    torch.testing.assert_close(fused, composed, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("hw,out",
@@ -215,6 +265,26 @@ def test_avg_pool_landmarks_matches_adaptive_avg_pool2d(hw, out):
         avg_pool_landmarks(x[..., 1:, :], hw, out)
     with pytest.raises(ValueError, match="output grid"):
         avg_pool_landmarks(x, hw, (hw[0] + 1, 1))
+
+
+@pytest.mark.parametrize("prefix", [1, 3])
+def test_avg_pool_landmarks_skips_prefix_tokens(prefix):
+    """prefix=P pools the grid after P tokens without slicing: the same landmarks as pooling the slice,
+    and the prefix tokens get exactly zero gradient."""
+    from vitmix.ops import avg_pool_landmarks
+
+    x = torch.randn(2, 3, prefix + 35, 4, dtype=D64, requires_grad=True)
+    got = avg_pool_landmarks(x, (5, 7), (3, 2), prefix=prefix)
+    ref = avg_pool_landmarks(x[:, :, prefix:], (5, 7), (3, 2))
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    grad, grad_ref = torch.autograd.grad(got, x, g)[0], torch.autograd.grad(ref, x, g)[0]
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-12, atol=1e-12)
+    assert torch.count_nonzero(grad[:, :, :prefix]) == 0
+    with pytest.raises(ValueError, match=rf"expected \(\.\.\., {prefix}\+5\*7={prefix + 35}, d\)"):
+        avg_pool_landmarks(x[:, :, 1:], (5, 7), (3, 2), prefix=prefix)
+    with pytest.raises(ValueError, match="prefix=-1 must be >= 0"):
+        avg_pool_landmarks(x, (5, 7), (3, 2), prefix=-1)
 
 
 # ---------------------------------------------------------------- the fused C forward (inference)
