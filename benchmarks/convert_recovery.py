@@ -111,6 +111,7 @@ def run_seed(runs: dict, result: dict, log, done) -> None:
         row["ft1"], row["ft_last"] = curve[0], curve[-1]
         log(f"{mixer}: from scratch {runs['scratch'][mixer].run_dir}")
         row["scratch"] = train_entry(runs["scratch"][mixer], log=log, on_epoch=None)["final_val_acc"]
+        row["teacher"] = result["teacher"]       # what this student was converted from
         result["mixers"][mixer] = row
         done()
 
@@ -183,8 +184,20 @@ def report(rows, goal_rows, per_seed, students: dict, cfg_path: Path, env: dict,
         + ("logit distillation from the teacher, DeiT's soft α = 0.5, τ = 1" if students["distill"] else
            "task loss only") + ") on the same subset. 'fine-tune 1 ep' is epoch 1 of that schedule.", "",
         "Top-1 (%) on the full validation split, mean ± sample std over the finished seeds (n):", "",
-        table, "", "Goals (issue 26; margin > 0 means the goal holds):", "", goal_table, "",
+        table, "", *_teacher_notes(per_seed),
+        "Goals (issue 26; margin > 0 means the goal holds):", "", goal_table, "",
     ])
+
+
+def _teacher_notes(per_seed: dict) -> list:
+    """A line per student converted from a teacher other than its seed's current one (a seed completed by
+    a later command that retrained the teacher on another machine or version: the rows stay comparable
+    only if the numbers agree, so the table says where they do not)."""
+    notes = [f"Note: seed {s}'s {m} student was converted from a teacher at {row['teacher']:.2f} "
+             f"(the seed's teacher now: {r['teacher']:.2f})."
+             for s, r in per_seed.items() for m, row in r.get("mixers", {}).items()
+             if row.get("teacher") is not None and abs(row["teacher"] - r["teacher"]) > 0.005]
+    return [*notes, ""] if notes else []
 
 
 def plot(rows, path: Path, ft_epochs: int) -> None:
@@ -213,9 +226,10 @@ def plot(rows, path: Path, ft_epochs: int) -> None:
 
 
 def seed_results(out: Path, running: dict, students: dict) -> dict:
-    """Every seed's results: the ``seed<S>.json`` files in ``out`` (earlier or parallel commands), with
-    this command's seeds (``running``) taking precedence. A file made with another student recipe is
-    an error: averaging over different schedules would be meaningless."""
+    """Every seed's results: the ``seed<S>.json`` files in ``out`` (earlier or parallel commands) merged
+    with this command's (``running``): per seed, the mixers this command measured replace the saved ones
+    and the others are kept, so a seed can be completed a few mixers at a time. A file made with another
+    student recipe is an error: averaging over different schedules would be meaningless."""
     per_seed = {}
     for path in sorted(out.glob("seed*.json")):
         saved = json.loads(path.read_text())
@@ -223,15 +237,26 @@ def seed_results(out: Path, running: dict, students: dict) -> dict:
             raise ValueError(f"{path} was made with student recipe {saved['students']}, this command uses "
                              f"{students}; move it away or rerun with its flags")
         per_seed[int(saved["seed"])] = saved["result"]
-    return {**per_seed, **running}
+    for seed, result in running.items():
+        saved = per_seed.get(seed, {})
+        per_seed[seed] = {**saved, **result, "mixers": {**saved.get("mixers", {}), **result.get("mixers", {})}}
+    return per_seed
+
+
+def table_mixers(per_seed: dict, mixers) -> list:
+    """This command's mixers and every mixer of the seed files, in MIXERS' order (others after)."""
+    names = set(mixers) | {m for r in per_seed.values() for m in r.get("mixers", {})}
+    order = {m: i for i, m in enumerate(MIXERS)}
+    return sorted(names, key=lambda m: (order.get(m, len(order)), m))
 
 
 def write(running, mixers, students, cfg_path: Path, out: Path, env: dict, cmd: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    for seed, result in running.items():
-        save_text(out / f"seed{seed}.json", json.dumps({"seed": seed, "students": students, "environment": env,
-                                                        "command": cmd, "result": result}, indent=1))
     per_seed = seed_results(out, running, students)
+    for seed in running:
+        save_text(out / f"seed{seed}.json", json.dumps({"seed": seed, "students": students, "environment": env,
+                                                        "command": cmd, "result": per_seed[seed]}, indent=1))
+    mixers = table_mixers(per_seed, mixers)
     rows = summarise(per_seed, mixers)
     goal_rows = goals(rows) if rows[0]["teacher_mean"] is not None else []
     text = report(rows, goal_rows, per_seed, students, cfg_path, env, cmd)

@@ -235,6 +235,18 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
     recovery.main(argv)
     both = json.loads((tmp_path / "out" / "recovery.json").read_text())
     assert [r["n"] for r in both["rows"]] == [2, 2] and sorted(both["per_seed"]) == ["0", "1"]
+    # A seed is completed a few mixers at a time: a command for other mixers keeps the saved rows (here a
+    # "soft" row saved in seed0.json, kept when seed 0 is rerun for laplacian); a row converted from a
+    # teacher other than the seed's is pointed out.
+    seed0 = json.loads((tmp_path / "out" / "seed0.json").read_text())
+    soft = {**seed0["result"]["mixers"]["laplacian"], "teacher": seed0["result"]["teacher"] + 1.0}
+    seed0["result"]["mixers"]["soft"] = soft
+    (tmp_path / "out" / "seed0.json").write_text(json.dumps(seed0))
+    recovery.main(argv)
+    merged = json.loads((tmp_path / "out" / "recovery.json").read_text())
+    assert [(r["entry"], r["n"]) for r in merged["rows"]] == [("softmax (teacher)", 2), ("laplacian", 2), ("soft", 1)]
+    assert json.loads((tmp_path / "out" / "seed0.json").read_text())["result"]["mixers"]["soft"] == soft
+    assert "seed 0's soft student was converted from a teacher at" in (tmp_path / "out" / "recovery.md").read_text()
     other["students"]["epochs"] = 5
     (tmp_path / "out" / "seed1.json").write_text(json.dumps(other))
     with pytest.raises(ValueError, match="seed1.json was made with student recipe"):
