@@ -31,6 +31,7 @@ from torch.utils.benchmark import Timer
 
 import vitmix
 from vitmix import mixers
+from vitmix.bench.env import cpu_model
 from vitmix.bench.targets import parse_mixer_spec
 
 DEFAULT_ENTRIES = "softmax,soft,laplacian"
@@ -127,7 +128,8 @@ def main(argv=None) -> int:
              f"Command: `python benchmarks/small_vit_speed.py --entries {','.join(specs)} --threads {args.threads} "
              f"--rounds {args.rounds} --min-run-time {args.min_run_time}{' --profile' if args.profile else ''}`; "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, 1-minute load "
-             f"average at the end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores, torch {torch.__version__}.",
+             f"average at the end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores of {cpu_model()}, torch "
+             f"{torch.__version__}.",
              "Each cell: median time, then × softmax as the median (range) of per-round ratios. `train`: one AdamW "
              "step at batch 64 (img/s = 64 / time); `latency`: batch-1 inference; layers: fwd+bwd at batch 32.",
              "", "| entry | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
