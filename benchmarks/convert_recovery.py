@@ -13,7 +13,8 @@ are read back, interrupted ones resumed, so the command resumes). Each seed's ac
 ``benchmarks/results/convert/seed<S>.json``; the table of mean ± std over every seed file there, the
 goals and a plot go beside them (``recovery.md``, ``recovery.csv``, ``recovery.json``,
 ``recovery.png``), rewritten after every run. Seeds can therefore be run by separate commands (two
-single-thread processes side by side, or on different days) and still land in one table.
+single-thread processes side by side, or on different days) and still land in one table;
+``--report-only`` rewrites the table from those files alone.
 
 Each run is also one command: the teacher and the scratch runs are
 ``vitmix train --config CONFIG --mixer NAME --seed S``; a converted student is the same plus
@@ -174,7 +175,7 @@ def report(rows, goal_rows, per_seed, students: dict, cfg_path: Path, env: dict,
     seeds = ", ".join(f"seed {s}: {r['teacher']:.2f}" for s, r in per_seed.items())
     return "\n".join([
         f"# Conversion recovery: `{cfg_path.as_posix()}`", "",
-        f"Command: `{cmd}`. {env['cpu']}, torch {env['torch']}, {env['date_utc']}.", "",
+        f"Command{'s' if '`, `' in cmd else ''}: `{cmd}`. {env['cpu']}, torch {env['torch']}, {env['date_utc']}.", "",
         f"Teacher: softmax, {cfg.epochs} epoch(s) on a {cfg.train_subset}-image subset of {cfg.data} (the seed draws "
         f"it), batch {cfg.batch_size}, lr {cfg.lr:g}: top-1 {_pm(teacher, 'teacher')} ({seeds}). Every mixer "
         "from scratch: the same recipe and budget. Converted students: `vitmix.convert` of the teacher with the "
@@ -288,6 +289,8 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", type=Path, default=Path("runs/convert-recovery"),
                     help="run folder (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "convert", help="results folder")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: rewrite the table from the seed<S>.json files in --out")
     args = ap.parse_args(argv)
     os.environ.setdefault("TQDM_DISABLE", "1")
     cfg = TrainConfig.from_dict(load_yaml(args.config))
@@ -299,6 +302,11 @@ def main(argv=None) -> None:
     students = recipe(args)
     env, per_seed = environment(), {}
     cmd = "python benchmarks/convert_recovery.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.report_only:     # the commands that made the seed files, then this one
+        made = sorted({json.loads(p.read_text())["command"] for p in args.out.glob("seed*.json")})
+        cmd = "`, `".join([*made, cmd])
+        print(write({}, mixers, students, args.config, args.out, env, cmd))
+        return
     for seed in (int(s) for s in args.seeds.split(",") if s):
         runs = plan(cfg, mixers, seed, args.runs / f"seed{seed}", students)
         per_seed[seed] = {}

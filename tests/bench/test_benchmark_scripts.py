@@ -225,6 +225,9 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
     recovery.main(argv)
     again = json.loads((tmp_path / "out" / "recovery.json").read_text())
     assert again["rows"] == first["rows"]
+    recovery.main(argv + ["--report-only"])       # the table from the seed files alone, naming their command
+    assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rows"] == first["rows"]
+    assert "--seeds 0 --ft-epochs 2" in (tmp_path / "out" / "recovery.md").read_text().split("`, `")[0]
 
     # A seed finished by another command (its seed1.json beside the table) joins the mean; a seed file
     # made with another student recipe is refused rather than averaged in.
