@@ -80,10 +80,13 @@ def converted_accuracy(teacher_dir: Path, cfg: TrainConfig) -> dict:
     from vitmix.train.distributed import DistInfo
     from vitmix.train.engine import evaluate
 
-    model = vitmix.convert(str(teacher_dir), cfg.mixer, **cfg.mixer_options)
+    from vitmix.runs.device import parse_device
+
+    device = parse_device(cfg.device)          # where the runs train (the loaded teacher may sit elsewhere)
+    model = vitmix.convert(str(teacher_dir), cfg.mixer, **cfg.mixer_options).to(device)
     _, val_set, _ = build_datasets(cfg.data, cfg.img_size, cfg.data_dir, augment=False)
     _, loader = build_loaders(val_set, val_set, 128)
-    return evaluate(model, loader, DistInfo())
+    return evaluate(model, loader, DistInfo(device=device))
 
 
 def epoch_acc(run_dir: Path) -> list:
@@ -300,11 +303,14 @@ def main(argv=None) -> None:
     for m in mixers:
         get_mixer_class(m)     # an unknown name fails here, with close matches, before any training
     students = recipe(args)
-    env, per_seed = environment(), {}
+    from vitmix.runs.device import parse_device
+
+    env, per_seed = environment(parse_device(cfg.device)), {}     # the machine the runs train on
     cmd = "python benchmarks/convert_recovery.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    if args.report_only:     # the commands that made the seed files, then this one
-        made = sorted({json.loads(p.read_text())["command"] for p in args.out.glob("seed*.json")})
-        cmd = "`, `".join([*made, cmd])
+    if args.report_only:     # the machine and commands that made the seed files, then this command
+        saved = [json.loads(p.read_text()) for p in sorted(args.out.glob("seed*.json"))]
+        cmd = "`, `".join([*sorted({s["command"] for s in saved}), cmd])
+        env = saved[0]["environment"] if saved else env
         print(write({}, mixers, students, args.config, args.out, env, cmd))
         return
     for seed in (int(s) for s in args.seeds.split(",") if s):
