@@ -10,6 +10,7 @@ per image, the backbone's peak memory in one forward+backward, and the whole tas
     python benchmarks/dense.py --costs-only      # remeasure the costs (on a quiet machine), train nothing
     python benchmarks/dense.py --report-only     # rewrite the table from what is there
     python benchmarks/dense.py --quick           # smoke version, into runs/dense-bench-quick/
+    python benchmarks/dense.py --jobs 8          # eight runs at a time, each its own process (a GPU machine)
 
 Runs go to ``<runs-dir>/<task>-<size>/<backbone>/seed-<k>`` (default ``runs/dense-bench``): a finished run (its
 ``summary.json``) is read back, an interrupted one continued with ``--resume``; a run whose folder is absent
@@ -147,6 +148,45 @@ def train(run: Run, args, index: int, total: int) -> bool:
           + ("done" if rc == 0 else f"FAILED (exit {rc}, see above)") + f" in {time.perf_counter() - t0:.0f} s",
           flush=True)
     return rc == 0
+
+
+def launch(run: Run, args) -> subprocess.Popen:
+    """Start one run as its own ``python -m vitmix dense train`` process (``--jobs`` > 1), its output in
+    ``<run_dir>.log``; each process gets ``--threads`` (or this machine's cores) divided by the jobs."""
+    resume = (run.run_dir / "config.yaml").is_file()
+    run.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (args.threads or os.cpu_count() or 1) // args.jobs)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TQDM_DISABLE="1")
+    log = open(run.run_dir.with_suffix(".log"), "a")
+    return subprocess.Popen([sys.executable, "-m", "vitmix", *train_argv(run, args, resume)], stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
+
+
+def train_parallel(todo: list, args, on_done) -> list:
+    """Train ``todo`` with ``args.jobs`` runs at a time (a GPU, or a machine with many cores); calls
+    ``on_done()`` after each run; returns the failed runs' labels."""
+    waiting, running, failed = list(todo), [], []
+    try:
+        while waiting or running:
+            while waiting and len(running) < args.jobs:
+                run = waiting.pop(0)
+                print(f"{run.key} {run.backbone} seed {run.seed}: started → {run.run_dir} (log: "
+                      f"{run.run_dir.with_suffix('.log')})", flush=True)
+                running.append((run, launch(run, args), time.perf_counter()))
+            for item in [r for r in running if r[1].poll() is not None]:
+                running.remove(item)
+                run, proc, t0 = item
+                ok = proc.returncode == 0
+                print(f"{run.key} {run.backbone} seed {run.seed}: " + ("done" if ok else f"FAILED (exit "
+                      f"{proc.returncode}, see its log)") + f" in {time.perf_counter() - t0:.0f} s", flush=True)
+                if not ok:
+                    failed.append(f"{run.key}/{run.backbone}/seed-{run.seed}")
+                on_done()
+            time.sleep(0.5)
+    finally:      # interrupted: stop the runs (each resumes from its last epoch next time)
+        for _, proc, _ in running:
+            proc.terminate()
+    return failed
 
 
 def committed_results(out: Path) -> tuple:
@@ -581,6 +621,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-steps", type=int, help="stop every run after this many optimizer steps (smoke tests)")
     ap.add_argument("--memory-batch", type=int, default=8, help="batch of the peak-memory pass (default 8)")
     ap.add_argument("--threads", type=int, help="torch threads for training and costs (default: torch's)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs trained at once, each its own process (default 1: one at a time, in this process); "
+                         "on a GPU, several small runs share it")
     ap.add_argument("--device", help="cpu | cuda (default: cuda if available)")
     ap.add_argument("--data-dir", type=Path, help="where Fashion-MNIST is (default: where vitmix looks)")
     what = ap.add_mutually_exclusive_group()
@@ -594,6 +637,8 @@ def parse_args(argv=None):
     unknown = [b for b in args.backbones if b not in BACKBONES]
     if unknown:
         ap.error(f"--backbones: unknown {', '.join(unknown)} (choose from {', '.join(BACKBONES)})")
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: must be at least 1")
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.tasks = [t for t in args.tasks.split(",") if t]
     for key in args.tasks:
@@ -630,7 +675,9 @@ def main(argv=None) -> int:
     failed = [b for b, c in costs.items() if c and "error" in c]
     todo = [] if args.costs_only or args.report_only else [
         r for r in runs if run_record(r, committed)["status"] not in ("done", "committed")]
-    for i, run in enumerate(todo, 1):
+    if args.jobs > 1:
+        failed += train_parallel(todo, args, lambda: write(runs, costs, args, env, cmd, committed))
+    for i, run in enumerate(todo if args.jobs == 1 else [], 1):
         if not train(run, args, i, len(todo)):
             failed.append(f"{run.key}/{run.backbone}/seed-{run.seed}")
         write(runs, costs, args, env, cmd, committed)

@@ -102,12 +102,29 @@ def test_dense_benchmark_end_to_end_then_resumes(tmp_path, fashion_dir, monkeypa
     statuses = {(r["key"], r["backbone"]): r["status"] for r in json.loads((out / "dense.json").read_text())["runs"]}
     assert statuses[("segment-64", "laplacian")] == "committed" and statuses[("segment-128", "laplacian")] == "done"
 
+    # --jobs 2: the missing runs train at once, each in its own `python -m vitmix dense train` process (the
+    # in-process trainer, patched to fail, is not used), its output in <run_dir>.log
+    for key in ("segment-64", "segment-128"):
+        shutil.rmtree(runs / key / "laplacian", ignore_errors=True)
+    (out / "dense.json").unlink()
+    assert dense.main(argv + ["--jobs", "2"]) == 0
+    data = json.loads((out / "dense.json").read_text())
+    assert {(r["key"], r["status"]) for r in data["runs"]} == {(k, "done") for k in tasks}
+    for key in ("segment-64", "segment-128"):
+        assert "epoch" in (runs / key / "laplacian" / "seed-0.log").read_text()
+
 
 def test_quick_runs_never_write_the_committed_folder():
     dense = _load()
     segment = ["--tasks", "segment-128"]
     assert dense.parse_args(["--quick", *segment]).out == Path("runs/dense-bench-quick/results")
     assert dense.parse_args(segment).out == ROOT / "benchmarks" / "results" / "dense"
+
+
+def test_jobs_below_one_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        _load().parse_args(["--tasks", "segment-128", "--jobs", "0"])
+    assert "--jobs 0: must be at least 1" in capsys.readouterr().err
 
 
 def test_detection_tasks_without_pycocotools_stop_before_any_run(without_pycocotools, capsys):
