@@ -35,6 +35,7 @@ from vitmix._util import markdown_table
 from vitmix.bench.env import environment
 from vitmix.compare.runner import Entry, train_entry
 from vitmix.runs import save_text
+from vitmix.runs.device import parse_device
 from vitmix.train.config import TrainConfig, load_yaml
 
 ROOT = Path(__file__).resolve().parent
@@ -79,8 +80,6 @@ def converted_accuracy(teacher_dir: Path, cfg: TrainConfig) -> dict:
     from vitmix.data.datasets import build_datasets, build_loaders
     from vitmix.train.distributed import DistInfo
     from vitmix.train.engine import evaluate
-
-    from vitmix.runs.device import parse_device
 
     device = parse_device(cfg.device)          # where the runs train (the loaded teacher may sit elsewhere)
     model = vitmix.convert(str(teacher_dir), cfg.mixer, **cfg.mixer_options).to(device)
@@ -303,8 +302,6 @@ def main(argv=None) -> None:
     for m in mixers:
         get_mixer_class(m)     # an unknown name fails here, with close matches, before any training
     students = recipe(args)
-    from vitmix.runs.device import parse_device
-
     env, per_seed = environment(parse_device(cfg.device)), {}     # the machine the runs train on
     cmd = "python benchmarks/convert_recovery.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.report_only:     # the machine and commands that made the seed files, then this command
