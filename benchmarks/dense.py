@@ -207,7 +207,7 @@ def run_record(run: Run, committed: dict) -> dict:
     summary = finished(run)
     if summary is not None:
         return dict(base, status="done", final={k: summary["final"].get(k) for k in METRICS[run.task]},
-                    train_seconds=summary["train_seconds"])
+                    train_seconds=summary["train_seconds"], device=summary.get("device"))
     if (run.run_dir / "config.yaml").is_file():       # begun here: continued, whatever was committed
         return dict(base, status="interrupted", final={})
     old = committed.get((run.key, run.backbone, run.seed))
@@ -488,7 +488,8 @@ def report(rows, records, costs, goal_list, args, env: dict, cmd: str) -> str:
         f"Produced by `{cmd}` ([benchmarks/dense.py](../../dense.py), see docs/dense.md); {done} of "
         f"{len(records)} runs finished. {env['cpu']} ({env['cpu_count']} cores), torch {env['torch']} "
         f"({env['torch_threads']} threads), timm {env['timm']}, vitmix {env['vitmix']}, {env['date_utc']}; "
-        f"1-minute load average {env['load_average_1m']} at the start, {load_average()} at the end.", "",
+        f"1-minute load average {env['load_average_1m']} at the start, {load_average()} at the end."
+        + _devices_line(records), "",
         table(rows, args), "",
         f"- **Quality**: final-epoch validation mIoU (Semantic FPN) and COCO box / mask AP (Mask R-CNN), in %, "
         f"mean ± sample std over seeds {', '.join(map(str, args.seeds))} (all runs of a task see the same "
@@ -531,10 +532,30 @@ def recipe_table(args) -> str:
 def runs_table(records: list) -> str:
     cells = [[r["key"], r["backbone"], r["seed"], r["status"] + (" †" if r["status"] == "committed" else ""),
               ", ".join(f"{METRIC_NAMES[m]} {100 * v:.1f}" for m, v in r["final"].items() if v is not None) or "–",
-              f"{r['train_seconds']:.0f}" if r.get("train_seconds") is not None else "–"] for r in records]
+              f"{r['train_seconds']:.0f}" if r.get("train_seconds") is not None else "–",
+              _device_name(r.get("device"))] for r in records]
     note = "\n\n† read back from the committed dense.json (the run folder is not on this machine)."
-    return markdown_table(["task", "backbone", "seed", "status", "final (%)", "train s"], cells) + (
+    return markdown_table(["task", "backbone", "seed", "status", "final (%)", "train s", "trained on"], cells) + (
         note if any(r["status"] == "committed" for r in records) else "")
+
+
+def _devices_line(records: list) -> str:
+    """Where the finished runs were trained, when they were not all trained on one kind of device
+    (a sweep resumed on another machine)."""
+    counts = {}
+    for r in records:
+        if r["status"] in ("done", "committed"):
+            name = _device_name(r.get("device"))
+            counts[name] = counts.get(name, 0) + 1
+    if len(counts) < 2:
+        return ""
+    where = ", ".join(f"{d} ({n})" for d, n in sorted(counts.items()))
+    return f" Runs trained on: {where} (the *trained on* column of *Runs*)."
+
+
+def _device_name(device: Optional[str]) -> str:
+    """``cuda:0`` → ``cuda``; the summaries of runs trained before the device was recorded have none."""
+    return device.split(":")[0] if device else "–"
 
 
 def write_csv(rows: list, path: Path) -> None:

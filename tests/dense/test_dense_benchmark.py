@@ -80,6 +80,9 @@ def test_dense_benchmark_end_to_end_then_resumes(tmp_path, fashion_dir, monkeypa
     assert [(r["key"], r["backbone"], r["status"]) for r in data["runs"]] == [
         (k, "laplacian", "done") for k in tasks]
     assert len(data["goals"]) == 2 and (out / "dense.png").stat().st_size > 0
+    # each run says where it trained (a sweep may be resumed on another machine); one device: no summary line
+    assert {r["device"] for r in data["runs"]} == {"cpu"} and "Runs trained on" not in md
+    assert "| trained on |" in md and md.count("| cpu |") == len(tasks)
 
     # again: every run is finished and every cost cached, so nothing is trained or measured
     monkeypatch.setattr(dense, "measure_costs", _never)
@@ -112,6 +115,16 @@ def test_dense_benchmark_end_to_end_then_resumes(tmp_path, fashion_dir, monkeypa
     assert {(r["key"], r["status"]) for r in data["runs"]} == {(k, "done") for k in tasks}
     for key in ("segment-64", "segment-128"):
         assert "epoch" in (runs / key / "laplacian" / "seed-0.log").read_text()
+
+
+def test_the_report_counts_the_devices_of_a_mixed_sweep():
+    dense = _load()
+    records = [{"status": "committed", "device": "cpu"}, {"status": "done", "device": "cuda:0"},
+               {"status": "done", "device": "cuda:0"}, {"status": "missing"}]
+    assert dense._devices_line(records) == (" Runs trained on: cpu (1), cuda (2) (the *trained on* column of "
+                                            "*Runs*).")
+    assert dense._devices_line(records[1:]) == ""       # one device: the header already says which
+    assert dense._device_name(None) == "–"              # summaries written before the device was recorded
 
 
 def test_quick_runs_never_write_the_committed_folder():

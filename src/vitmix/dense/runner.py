@@ -388,7 +388,8 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
         if dist_info.enabled:
             dist.barrier()
     summary = {"run_dir": str(run_dir), "task": cfg.task, "model": cfg.model, "mixer": cfg.mixer, "data": cfg.data,
-               "params": n_params, "img_size": cfg.img_size, "epochs_run": len(history), "steps": step,
+               "params": n_params, "img_size": cfg.img_size, "device": str(device), "epochs_run": len(history),
+               "steps": step,
                "train_seconds": sum(h["epoch_seconds"] for h in history),
                "final": {k: v for k, v in (history[-1] if history else {}).items() if k in _REPORTED},
                f"best_{key}": best if history else None}
