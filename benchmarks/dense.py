@@ -11,6 +11,10 @@ per image, the backbone's peak memory in one forward+backward, and the whole tas
     python benchmarks/dense.py --report-only     # rewrite the table from what is there
     python benchmarks/dense.py --quick           # smoke version, into runs/dense-bench-quick/
     python benchmarks/dense.py --jobs 8          # eight runs at a time, each its own process (a GPU machine)
+    python benchmarks/dense.py --backbones laplacian-4x4 --tasks segment-128,segment-256 \
+        --out benchmarks/results/dense/landmarks-4x4    # a study backbone (EXTRA_BACKBONES), its own table
+
+On a GPU lease, put the detection runs first (``--tasks detect-256`` in one call): they take the longest.
 
 Runs go to ``<runs-dir>/<task>-<size>/<backbone>/seed-<k>`` (default ``runs/dense-bench``): a finished run (its
 ``summary.json``) is read back, an interrupted one continued with ``--resume``; a run whose folder is absent
@@ -48,7 +52,13 @@ BACKBONES = {
     "softmax": ("laplacianformer_nano", "softmax"),
     "resnet18": ("resnet18", None),
 }
-LINEAR = ("laplacian", "soft", "weightformer")
+#: backbones outside the default set, for studies written to their own --out (they use the same recipes):
+#: label: (--model, --mixer, mixer options). `laplacian-4x4`: LaplacianFormer with a fixed 4×4 landmark grid
+#: in every stage, the O(N) alternative to the default stride-block rule (docs/dense.md, the cost goal)
+EXTRA_BACKBONES = {
+    "laplacian-4x4": ("laplacianformer_nano", None, {"num_landmarks": 16}),
+}
+LINEAR = ("laplacian", "soft", "weightformer", "laplacian-4x4")
 TASKS = ("segment-128", "segment-256", "detect-256")
 #: one recipe per task for every backbone (AdamW, 1 warm-up epoch then cosine, weight decay 0.05, clip 1:
 #: the runner's defaults). Sized from measured steps (OMP_NUM_THREADS=1 on a loaded 2-core machine): a
@@ -119,14 +129,29 @@ def finished(run: Run) -> Optional[dict]:
     return s if done else None
 
 
+def backbone_spec(label: str) -> tuple:
+    """``(model, mixer, mixer options)`` of a backbone label."""
+    if label in EXTRA_BACKBONES:
+        return EXTRA_BACKBONES[label]
+    return (*BACKBONES[label], {})
+
+
+def backbone_flags(label: str) -> str:
+    """The ``vitmix dense train`` flags that select a backbone label."""
+    model, mixer, options = backbone_spec(label)
+    return " ".join([f"--model {model}", *([f"--mixer {mixer}"] if mixer else []),
+                     *(f"-M {k}={v}" for k, v in options.items())])
+
+
 def train_argv(run: Run, args, resume: bool) -> list:
-    model, mixer = BACKBONES[run.backbone]
+    model, mixer, options = backbone_spec(run.backbone)
     r = run.recipe
     argv = ["dense", "train", "--task", run.task, "--model", model, "--img-size", str(run.size),
             "--train-scenes", str(r["train_scenes"]), "--val-scenes", str(r["val_scenes"]),
             "--epochs", str(r["epochs"]), "--batch-size", str(r["batch_size"]), "--lr", str(r["lr"]),
             "--seed", str(run.seed), "--out", str(run.run_dir), "--preview", "1" if args.quick else "4"]
     argv += ["--mixer", mixer] if mixer else []
+    argv += [arg for k, v in options.items() for arg in ("-M", f"{k}={v}")]
     argv += ["--max-steps", str(r["max_steps"])] if r["max_steps"] is not None else []
     argv += ["--device", args.device] if args.device else []
     argv += ["--data-dir", str(args.data_dir)] if args.data_dir else []
@@ -313,13 +338,13 @@ def train_speed(key: str, backbone: str, batch: int, spec: dict, device) -> floa
     from vitmix.dense.scenes import detection_collate, segmentation_collate
 
     task, size = parse_task(key)
-    model_name, mixer = BACKBONES[backbone]
+    model_name, mixer, options = backbone_spec(backbone)
     data, _, num_classes, _ = build_data(DenseConfig(task=task, img_size=size, train_scenes=batch, val_scenes=1,
                                                      data_dir=spec["data_dir"]))
     items = [data[i] for i in range(batch)]
     torch.manual_seed(0)
     model = build_dense_model({"task": META_TASK[task], "model": model_name, "mixer": mixer, "num_classes": num_classes,
-                               "img_size": size, "masks": True}).to(device).train()
+                               "img_size": size, "masks": True, "mixer_options": options}).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     if task == "segment":
         images, semantic = (t.to(device) for t in segmentation_collate(items))
@@ -352,11 +377,11 @@ def cost_worker(spec: dict) -> dict:
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model_name, mixer = BACKBONES[spec["backbone"]]
+    model_name, mixer, options = backbone_spec(spec["backbone"])
     sizes, method = {}, None
     for size in spec["sizes"]:       # memory first, before anything else has grown the process
         torch.manual_seed(0)
-        body = DenseBackbone(model_name, img_size=size, mixer=mixer).to(device).train()
+        body = DenseBackbone(model_name, img_size=size, mixer=mixer, mixer_options=options or None).to(device).train()
         peak, method = backbone_memory(body, size, spec["memory_batch"], device)
         sizes[str(size)] = {"params": sum(p.numel() for p in body.parameters()), "peak_mib": peak,
                             "gflops": backbone_gflops(body, size, device)}
@@ -383,7 +408,7 @@ def build_rows(records: list, costs: dict, args) -> list:
     lo, hi = _size_range(args)
     rows = []
     for b in args.backbones:
-        model, mixer = BACKBONES[b]
+        model, mixer, _ = backbone_spec(b)
         c = costs.get(b) or {}
         at = c.get("sizes", {})
         row = {"backbone": b, "model": model, "mixer": mixer or "default",
@@ -509,8 +534,7 @@ def report(rows, records, costs, goal_list, args, env: dict, cmd: str) -> str:
         f"{counts[True]} hold, {counts[False]} fail, {counts[None]} not measured.", ""]
     lines += [f"- {verdict[v]} — {text}" for v, text in goal_list]
     lines += ["", "## Recipe", "", recipe_table(args), "",
-              "Backbones: " + "; ".join(f"`{b}` = `--model {m}`" + (f" `--mixer {x}`" if x else "")
-                                        for b, (m, x) in BACKBONES.items() if b in args.backbones) + ". "
+              "Backbones: " + "; ".join(f"`{b}` = `{backbone_flags(b)}`" for b in args.backbones) + ". "
               "Each run is one `vitmix dense train --task TASK --img-size SIZE ... --seed K --out "
               "RUNS/TASK-SIZE/BACKBONE/seed-K` (AdamW, weight decay 0.05, one warm-up epoch then cosine to 1e-5, "
               "gradient clip 1, fp32; fashion-scenes with scene seed 0).", "",
@@ -621,7 +645,7 @@ def write(runs: list, costs: dict, args, env: dict, cmd: str, committed: dict) -
     recipes = {k: recipe(parse_task(k)[0], args) for k in args.tasks}
     (args.out / "dense.json").write_text(json.dumps({
         "command": cmd, "environment": env, "recipes": recipes,
-        "backbones": {b: {"model": m, "mixer": x} for b, (m, x) in BACKBONES.items() if b in args.backbones},
+        "backbones": {b: dict(zip(("model", "mixer", "mixer_options"), backbone_spec(b))) for b in args.backbones},
         "rows": rows, "goals": [{"holds": v, "goal": t} for v, t in goal_list], "costs": costs, "runs": records,
     }, indent=2, default=str) + "\n")
     plot(rows, args, args.out / "dense.png")
@@ -631,7 +655,9 @@ def write(runs: list, costs: dict, args, env: dict, cmd: str, committed: dict) -
 # ----------------------------------------------------------------------------------------------
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--backbones", default=",".join(BACKBONES), help="comma-separated (default: %(default)s)")
+    ap.add_argument("--backbones", default=",".join(BACKBONES),
+                    help="comma-separated (default: %(default)s; also " + ", ".join(EXTRA_BACKBONES)
+                    + ", for a study with its own --out)")
     ap.add_argument("--seeds", default="0,1", help="comma-separated training seeds (default: %(default)s)")
     ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated TASK-SIZE (default: %(default)s)")
     ap.add_argument("--runs-dir", type=Path,
@@ -655,9 +681,9 @@ def parse_args(argv=None):
     if args.cost_worker:
         return args
     args.backbones = [b for b in args.backbones.split(",") if b]
-    unknown = [b for b in args.backbones if b not in BACKBONES]
+    unknown = [b for b in args.backbones if b not in BACKBONES and b not in EXTRA_BACKBONES]
     if unknown:
-        ap.error(f"--backbones: unknown {', '.join(unknown)} (choose from {', '.join(BACKBONES)})")
+        ap.error(f"--backbones: unknown {', '.join(unknown)} (choose from {', '.join([*BACKBONES, *EXTRA_BACKBONES])})")
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: must be at least 1")
     args.seeds = [int(s) for s in args.seeds.split(",") if s]

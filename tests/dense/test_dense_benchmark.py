@@ -134,6 +134,34 @@ def test_quick_runs_never_write_the_committed_folder():
     assert dense.parse_args(segment).out == ROOT / "benchmarks" / "results" / "dense"
 
 
+def test_a_study_backbone_passes_its_mixer_options_to_training_and_costs(tmp_path, monkeypatch):
+    dense = _load()
+    args = dense.parse_args(["--backbones", "laplacian-4x4", "--tasks", "segment-128", "--seeds", "0",
+                             "--runs-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    (run,) = dense.plan(args)
+    argv = dense.train_argv(run, args, resume=False)
+    assert argv[argv.index("--model") + 1] == "laplacianformer_nano" and "--mixer" not in argv
+    assert argv[argv.index("-M") + 1] == "num_landmarks=16"
+    assert dense.backbone_flags("laplacian-4x4") == "--model laplacianformer_nano -M num_landmarks=16"
+    assert dense.backbone_flags("softmax") == "--model laplacianformer_nano --mixer softmax"
+    # the cost pass builds the same backbone: a fixed 4×4 grid where the default rule gives 7×7 (64×64 tokens)
+    import vitmix.dense.heads as heads
+
+    built, real = [], heads.DenseBackbone
+    monkeypatch.setattr(heads, "DenseBackbone", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
+    monkeypatch.setattr(dense, "train_speed", lambda *a, **kw: 1.0)
+    dense.cost_worker(dict(dense.cost_spec("laplacian-4x4", args), sizes=[256], memory_batch=1, threads=1))
+    stage1 = next(m for m in built[0].modules() if hasattr(m, "landmark_count"))
+    assert stage1.landmark_count(64, 64) == (4, 4)
+
+
+def test_unknown_backbones_are_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        _load().parse_args(["--backbones", "laplacian-8x8"])
+    assert "unknown laplacian-8x8 (choose from laplacian, soft, weightformer, softmax, resnet18, laplacian-4x4)" in (
+        capsys.readouterr().err)
+
+
 def test_jobs_below_one_is_refused(capsys):
     with pytest.raises(SystemExit):
         _load().parse_args(["--tasks", "segment-128", "--jobs", "0"])
