@@ -27,6 +27,12 @@ columns below it, i.e. damped towards the uniform map).
     python benchmarks/learning_diagnostics.py --config configs/grid/fmnist196-w96h3-short.yaml \
         --train-subset 3000 --epochs 2 --val-subset 2000 --mixers soft,laplacian
 
+Trained runs instead (``--runs``): the same per-block, per-head statistics of each run's kernel mixers, plus
+the condition number of ``P = W + εI``, on its first ``--images`` validation images (no training), e.g.
+good and bad seeds side by side:
+
+    python benchmarks/learning_diagnostics.py --runs runs/a runs/b --images 64 --out DIR
+
 Writes ``benchmarks/results/learning/diagnostics/{results.md,results.json}`` (or ``--out``).
 """
 from __future__ import annotations
@@ -132,11 +138,13 @@ def _block_stats(m, x) -> dict:
         amap = m._attend(q, eye, lm)
     _, res = newton_schulz_inverse(wl, iters=m.newton_iters, eps=m.newton_eps, alpha=m.newton_alpha,
                                    return_residual=True)
+    cond = torch.linalg.cond(wl + m.newton_eps * torch.eye(wl.shape[-1], dtype=wl.dtype))    # (B, heads)
     p = amap.abs() / amap.abs().sum(-1, keepdim=True).clamp_min(1e-30)
     ent = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 2))
     stats = {"kernel_cv": [float(c.std() / c.mean()) for c in cq.unbind(1)],
              "kernel_mean": [float(c.mean()) for c in cq.unbind(1)],
              "newton_residual": [float(r) / math.sqrt(wl.shape[-1]) for r in res.mean(0)],
+             "newton_cond": [float(c) for c in cond.median(0).values],
              "entropy": [float(e) for e in ent], "attn_std": _per_head(attn),
              "local_std": _per_head(local) if local is not None else None, "v_std": _per_head(v)}
     if laplacian and m.normalize:
@@ -255,6 +263,39 @@ def write(rows, out: Path, env: dict, cmd: str, recipe: str) -> None:
     print("\n".join(lines))
 
 
+def trained(run: str, images: int) -> dict:
+    """Per-block statistics of a trained run's kernel mixers (:func:`_block_stats`) on its first ``images``
+    validation images."""
+    from vitmix.runs.checkpoints import load_checkpoint
+
+    model, meta, path = load_checkpoint(run)
+    _, val_set, _ = build_datasets(meta["data"], int(meta["img_size"]), None, False, augment=False)
+    x = torch.stack([val_set[i][0] for i in range(min(images, len(val_set)))])
+    layers = _layer_stats(model, x)
+    if not layers:
+        raise SystemExit(f"{run}: {meta.get('mixer') or meta['model']} has no kernel (landmark) mixer to diagnose")
+    return {"run": str(run), "checkpoint": path.name, "mixer": meta.get("mixer") or meta["model"],
+            "options": meta.get("mixer_options") or {}, "images": len(x), "layers": layers}
+
+
+def write_trained(rows, out: Path, env: dict, cmd: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"environment": env, "command": cmd, "rows": rows}, indent=2))
+    keys = ["newton_residual", "newton_cond", "kernel_cv", "entropy", "attn_std", "local_std"]
+    cells = [[r["run"], r["mixer"], i] + ["–" if layer.get(k) is None else "/".join(f"{v:.3g}" for v in layer[k])
+                                          for k in keys]
+             for r in rows for i, layer in enumerate(r["layers"])]
+    lines = ["# Kernel-mixer statistics of trained runs", "", f"Command: `{cmd}`  ",
+             f"{env['cpu']}, torch {env['torch']}, {env['date_utc']}. Per block, values per head separated by /, "
+             f"on each run's first {rows[0]['images']} validation images: the Newton–Schulz residual "
+             "‖I − PV‖_F/√m after the mixer's own iterations (median over images of P = W + εI, W the landmark "
+             "kernel matrix), the condition number of P (median), the kernel spread std/mean of K(Q, landmarks), "
+             "the attention entropy in nats, and the std of the kernel-attention and local-conv outputs.", "",
+             markdown_table(["run", "mixer", "block"] + keys, cells)]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def _options(row) -> str:
     return ", ".join(f"{k}={v}" for k, v in row["options"].items()) or "defaults"
 
@@ -270,9 +311,17 @@ def main(argv=None) -> None:
     ap.add_argument("--val-subset", type=int, default=0, help="report accuracy on the first N validation images")
     ap.add_argument("--seeds", default="", help="comma-separated seeds (default: the recipe's)")
     ap.add_argument("-M", "--mixer-option", action="append", help="KEY=VALUE for every mixer (an option under test)")
+    ap.add_argument("--runs", nargs="+", help="trained run directories (or checkpoints): diagnose them, no training")
+    ap.add_argument("--images", type=int, default=64, help="--runs: validation images per run (default 64)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "learning" / "diagnostics")
     args = ap.parse_args(argv)
     os.environ.setdefault("TQDM_DISABLE", "1")
+    cmd = "python benchmarks/learning_diagnostics.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.runs:
+        with torch.no_grad():
+            rows = [trained(run, args.images) for run in args.runs]
+        write_trained(rows, args.out, environment(), cmd.strip())
+        return
     values = load_yaml(args.config)
     values.update({k: v for k, v in (("epochs", args.schedule_epochs), ("train_subset", args.train_subset))
                    if v is not None})
@@ -281,7 +330,6 @@ def main(argv=None) -> None:
     rows = [r for seed in seeds for m in args.mixers.split(",")
             for r in diagnose(m, options, args.epochs, TrainConfig.from_dict({**values, "seed": seed}),
                               args.val_subset)]
-    cmd = "python benchmarks/learning_diagnostics.py " + " ".join(argv if argv is not None else sys.argv[1:])
     write(rows, args.out, environment(), cmd.strip(), f"`{args.config.as_posix()}`")
 
 

@@ -254,3 +254,26 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
     (tmp_path / "out" / "seed1.json").write_text(json.dumps(other))
     with pytest.raises(ValueError, match="seed1.json was made with student recipe"):
         recovery.main(argv)
+
+
+def test_learning_diagnostics_reads_trained_runs_per_block_and_head(tmp_path):
+    """``--runs``: the kernel statistics of trained checkpoints (no training), one row per block, one value
+    per head; a run without a kernel mixer is refused by name."""
+    from vitmix.train import TrainConfig, train
+
+    tiny = dict(model="vit_nano_patch4_32", data="digits", img_size=16, batch_size=32, epochs=1, max_steps=2,
+                model_options={"depth": 2, "embed_dim": 48, "num_heads": 3})
+    for mixer in ("laplacian", "softmax"):
+        train(TrainConfig(**tiny, mixer=mixer, out=str(tmp_path / mixer)), log=lambda _line: None)
+    diagnostics = _load("learning_diagnostics")
+    diagnostics.main(["--runs", str(tmp_path / "laplacian"), "--images", "5", "--out", str(tmp_path / "out")])
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    (row,) = rows
+    assert row["mixer"] == "laplacian" and row["images"] == 5 and len(row["layers"]) == 2
+    for layer in row["layers"]:
+        assert len(layer["newton_residual"]) == len(layer["newton_cond"]) == 3
+        assert all(0 <= r < 1 for r in layer["newton_residual"]) and all(c >= 1 for c in layer["newton_cond"])
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert md.count("| laplacian |") == 2 and "first 5 validation images" in md
+    with pytest.raises(SystemExit, match="softmax has no kernel"):
+        diagnostics.main(["--runs", str(tmp_path / "softmax"), "--out", str(tmp_path / "out2")])
