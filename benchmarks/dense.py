@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -566,11 +567,7 @@ def runs_table(records: list) -> str:
 def _devices_line(records: list) -> str:
     """Where the finished runs were trained, when they were not all trained on one kind of device
     (a sweep resumed on another machine)."""
-    counts = {}
-    for r in records:
-        if r["status"] in ("done", "committed"):
-            name = _device_name(r.get("device"))
-            counts[name] = counts.get(name, 0) + 1
+    counts = Counter(_device_name(r.get("device")) for r in records if r["status"] in ("done", "committed"))
     if len(counts) < 2:
         return ""
     where = ", ".join(f"{d} ({n})" for d, n in sorted(counts.items()))

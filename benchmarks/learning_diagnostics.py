@@ -288,7 +288,7 @@ def write_trained(rows, out: Path, env: dict, cmd: str) -> None:
     lines = ["# Kernel-mixer statistics of trained runs", "", f"Command: `{cmd}`  ",
              f"{env['cpu']}, torch {env['torch']}, {env['date_utc']}. Per block, values per head separated by /, "
              f"on each run's first {rows[0]['images']} validation images: the Newton–Schulz residual "
-             "‖I − PV‖_F/√m after the mixer's own iterations (median over images of P = W + εI, W the landmark "
+             "‖I − PV‖_F/√m after the mixer's own iterations (mean over images; P = W + εI, W the landmark "
              "kernel matrix), the condition number of P (median), the kernel spread std/mean of K(Q, landmarks), "
              "the attention entropy in nats, and the std of the kernel-attention and local-conv outputs.", "",
              markdown_table(["run", "mixer", "block"] + keys, cells)]
