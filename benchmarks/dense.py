@@ -217,12 +217,14 @@ def train_parallel(todo: list, args, on_done) -> list:
 
 def committed_results(out: Path) -> tuple:
     """What the committed dense.json of ``out`` holds (run folders and the cost cache are not in git):
-    ``{(key, backbone, seed): record}`` of its finished runs and ``{backbone: costs}``."""
+    ``{(key, backbone, seed): record}`` of its finished runs, ``{backbone: costs}`` and the command and
+    environment that trained them (``{}`` when there is no dense.json)."""
     path = out / "dense.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
     runs = {(r["key"], r["backbone"], r["seed"]): r for r in data.get("runs", [])
             if r["status"] in ("done", "committed")}
-    return runs, {b: c for b, c in (data.get("costs") or {}).items() if c and "error" not in c}
+    costs = {b: c for b, c in (data.get("costs") or {}).items() if c and "error" not in c}
+    return runs, costs, {k: data[k] for k in ("command", "environment") if k in data}
 
 
 def run_record(run: Run, committed: dict) -> dict:
@@ -514,7 +516,8 @@ def report(rows, records, costs, goal_list, args, env: dict, cmd: str) -> str:
         f"Produced by `{cmd}` ([benchmarks/dense.py](../../dense.py), see docs/dense.md); {done} of "
         f"{len(records)} runs finished. {env['cpu']} ({env['cpu_count']} cores), torch {env['torch']} "
         f"({env['torch_threads']} threads), timm {env['timm']}, vitmix {env['vitmix']}, {env['date_utc']}; "
-        f"1-minute load average {env['load_average_1m']} at the start, {load_average()} at the end."
+        f"1-minute load average {env['load_average_1m']} at the start"
+        + (f", {env['load_average_end_1m']} at the end." if env.get("load_average_end_1m") is not None else ".")
         + _devices_line(records), "",
         table(rows, args), "",
         f"- **Quality**: final-epoch validation mIoU (Semantic FPN) and COCO box / mask AP (Mask R-CNN), in %, "
@@ -633,6 +636,8 @@ def plot(rows: list, args, path: Path) -> None:
 
 def write(runs: list, costs: dict, args, env: dict, cmd: str, committed: dict) -> str:
     records = [run_record(r, committed) for r in runs]
+    if not (args.costs_only or args.report_only):
+        env["load_average_end_1m"] = load_average()
     rows = build_rows(records, costs, args)
     goal_list = goals(rows, args)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -708,7 +713,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     cmd = "python benchmarks/dense.py " + " ".join(sys.argv[1:] if argv is None else argv)
     env = environment(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    committed, committed_costs = committed_results(args.out)
+    committed, committed_costs, trained_by = committed_results(args.out)
+    if (args.costs_only or args.report_only) and len(trained_by) == 2:
+        # nothing trains: the header keeps the command and machine that trained (the costs line dates its own)
+        cmd, env = trained_by["command"], trained_by["environment"]
     runs = plan(args)
     costs = {}
     for b in args.backbones:

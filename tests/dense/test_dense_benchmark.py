@@ -89,7 +89,13 @@ def test_dense_benchmark_end_to_end_then_resumes(tmp_path, fashion_dir, monkeypa
     real_train = runner.train_dense
     monkeypatch.setattr(runner, "train_dense", _never)
     assert dense.main(argv) == 0
-    assert json.loads((out / "dense.json").read_text())["rows"] == data["rows"]
+    before = json.loads((out / "dense.json").read_text())
+    assert before["rows"] == data["rows"]
+    # --report-only rewrites the results but keeps the command and machine that trained in the header
+    assert dense.main(argv + ["--report-only"]) == 0
+    rewritten = json.loads((out / "dense.json").read_text())
+    assert (rewritten["command"], rewritten["environment"]) == (before["command"], before["environment"])
+    assert "--report-only" not in (out / "dense.md").read_text().splitlines()[2]
 
     # an interrupted run (no summary.json yet) is continued with --resume, and only it
     (runs / "segment-128" / "laplacian" / "seed-0" / "summary.json").unlink()
