@@ -169,7 +169,8 @@ def test_qk_norm_matches_reference_with_normed_inputs():
 
     att = vitmix.ops.nystrom_attention_reference(q, k, v, pool(q), pool(k), kernel="laplacian",
                                                  normalization="injective", symmetric=False,
-                                                 norm_eps=layer.norm_eps, alpha=layer.newton_alpha)
+                                                 norm_eps=layer.norm_eps, alpha=layer.newton_alpha,
+                                                 iters=layer.newton_iters)
     weight = layer.conv.weight
     if layer.conv_groups == "head":                 # the per-head filter on each of its channels
         weight = weight.repeat_interleave(d, dim=0)

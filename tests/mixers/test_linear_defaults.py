@@ -84,8 +84,10 @@ def test_deprecated_stride_names_warn_and_map_to_landmark_stride():
 
 @pytest.mark.parametrize("name", NEWTON)
 def test_newton_options_are_checked(name):
-    with pytest.raises(ValueError, match="newton_iters=0 with inverse='newton'"):
+    default = mixers.create(name, 64, 4).newton_iters
+    with pytest.raises(ValueError, match="newton_iters=0 with inverse='newton'") as err:
         mixers.create(name, 64, 4, newton_iters=0)
+    assert f"(default {default})" in str(err.value)      # the mixer's own default, not another's
     assert mixers.create(name, 64, 4, newton_iters=0, inverse="exact").newton_iters == 0
     with pytest.raises(ValueError, match="newton_eps"):
         mixers.create(name, 64, 4, newton_eps=-1.0)

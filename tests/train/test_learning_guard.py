@@ -6,25 +6,26 @@ A fixed tiny problem: the bundled 8×8 digits at their native size, patch 2 (a 4
 numbers below repeat on this machine; another CPU moves them by less than the seed noise the margins
 allow for.
 
-Measured (6 seeds, mean ± std of validation top-1, %; ``_tiny_run`` below, one thread, AMD EPYC (AVX2),
-December 3 2026; the laplacian rows again after ``mean_weight=0.0`` became the default):
+Measured (6 seeds, mean ± std of validation top-1, %; ``_tiny_run`` below, one thread, a 2-core Intel
+Xeon (AVX-512), December 5 2026, after ``newton_iters=10`` became laplacian's default):
 
 | entry | mean ± std | per seed |
 |---|---|---|
-| softmax | 53.9 ± 11.3 | 50.1, 64.5, 49.1, 35.0, 62.5, 62.5 |
-| soft | 77.2 ± 3.4 | 76.6, 74.6, 73.6, 82.4, 75.6, 80.6 |
-| laplacian (defaults) | 64.9 ± 7.5 | 71.3, 66.5, 66.2, 50.1, 67.0, 68.5 |
-| laplacian, ``mean_weight=None`` (the fixed map) | 56.2 ± 8.8 | 48.9, 46.3, 68.5, 51.1, 63.5, 58.7 |
-| laplacian, ``normalize=False`` (the injective map off) | 37.8 ± 12.0 | 45.3, 33.2, 38.3, 28.0, 57.2, 24.9 |
+| softmax | 54.3 ± 10.7 | 49.9, 64.2, 49.6, 37.0, 62.7, 62.5 |
+| soft | 76.5 ± 2.3 | 76.6, 72.8, 74.8, 77.8, 78.1, 79.1 |
+| laplacian (defaults) | 77.8 ± 2.4 | 80.9, 79.3, 74.1, 77.3, 78.8, 76.3 |
+| laplacian, ``newton_iters=20`` (the default before December 5) | 62.1 ± 8.1 | 69.0, 56.9, 66.2, 49.9, 71.0, 59.4 |
+| laplacian, ``mean_weight=None`` (the fixed map) | 75.8 ± 3.1 | 80.9, 78.1, 72.3, 74.8, 74.3, 74.3 |
+| laplacian, ``normalize=False`` (the injective map off) | 54.9 ± 2.6 | 50.1, 56.2, 55.4, 54.7, 54.9, 57.9 |
+| laplacian, ``qk_scale=1.0`` (unscaled L1 distances) | 72.6 ± 3.6 | 72.8, 69.8, 77.3, 67.3, 73.6, 74.8 |
 
-The problem is chaotic in the last bits: changes that only reorder float32 sums moved laplacian's
-seed 0 from 70.3 to 48.9 % (its 3-seed mean from 62.6 to 54.6), so the guard averages 6 seeds. The
-bound for ``laplacian`` is a 6-seed mean ≥ 50: chance is 10, the defaults clear it by 15 points (the
-fixed map by 6) and the map switched off falls 12 short. The distance to ``soft`` may be at most 25
-points: on 4 landmarks laplacian trails soft by 12 here (the fixed map by 21; at the demo's 16 and at
-49 landmarks it catches up, see ``benchmarks/results/learning/``), and the map switched off widens the
-gap to 39. The default
-``qk_scale`` itself is pinned by ``tests/mixers/test_laplacian.py``.
+The problem is chaotic in the last bits (changes that only reorder float32 sums have moved one seed by
+20 points), so the guard averages 6 seeds. The bound for ``laplacian`` is a 6-seed mean ≥ 66: chance is
+10, the defaults clear it by 12 points and the map switched off falls 11 short (so does the old
+20-iteration inverse, by 4). The distance to ``soft`` may be at most 8 points: the defaults lead soft by
+1.3 here, the fixed map trails by 0.7, the map switched off by 21.6. At head dim 16 the unscaled kernel
+(``qk_scale=1.0``) still learns (72.6), so the guard does not catch it; the default ``qk_scale`` is pinned
+by ``tests/mixers/test_laplacian.py``.
 """
 import pytest
 import torch
@@ -34,8 +35,8 @@ import vitmix
 
 SEEDS = (0, 1, 2, 3, 4, 5)
 STEPS, BATCH, LR = 120, 128, 4e-3
-LAPLACIAN_FLOOR = 50.0        # % validation top-1, 6-seed mean
-MAX_GAP_TO_SOFT = 25.0        # points, 6-seed means
+LAPLACIAN_FLOOR = 66.0        # % validation top-1, 6-seed mean
+MAX_GAP_TO_SOFT = 8.0         # points, 6-seed means
 
 
 @pytest.fixture(scope="module")

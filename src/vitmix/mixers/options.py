@@ -25,13 +25,14 @@ def reject_unsupported(name: str, qk_norm: bool = False, scale_norm: bool = Fals
         )
 
 
-def check_newton(name: str, iters, eps, inverse: str) -> None:
-    """Newton–Schulz options: ``iters >= 1`` with ``inverse="newton"``, ``eps >= 0``."""
+def check_newton(name: str, iters, eps, inverse: str, default_iters: int = 20) -> None:
+    """Newton–Schulz options: ``iters >= 1`` with ``inverse="newton"``, ``eps >= 0``; the messages name the
+    mixer's own default iteration count."""
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
-        raise ValueError(f"{name}: newton_iters={iters!r} must be an int >= 1 (default 20)")
+        raise ValueError(f"{name}: newton_iters={iters!r} must be an int >= 1 (default {default_iters})")
     if iters == 0 and inverse == "newton":
         raise ValueError(f"{name}: newton_iters=0 with inverse='newton' would return the start matrix, not "
-                         f"an inverse; use newton_iters >= 1 (default 20) or inverse='exact'")
+                         f"an inverse; use newton_iters >= 1 (default {default_iters}) or inverse='exact'")
     if not float(eps) >= 0:
         raise ValueError(f"{name}: newton_eps={eps!r} must be >= 0 (default 0.01)")
 
