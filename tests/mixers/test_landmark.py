@@ -73,8 +73,9 @@ def test_auto_landmarks_never_cost_more_than_exact_attention(name, dim, heads):
 
 def test_auto_landmarks_at_the_learning_grid_shapes():
     """The counts docs/soft-laplacianformer.md quotes: 196 tokens give 25 landmarks at head dim 32 and
-    36 at 64 (49 would cost 3.0x / 1.8x exact attention); the demo's 8×8 grid 9 instead of 16 for
-    soft / soft_norm, and laplacian's floor keeps 16 there (and on the pyramids' 7×7 stage 4)."""
+    36 at 64 (49 would cost 3.0x / 1.8x exact attention with 20 Newton–Schulz steps, 2.0x with laplacian's
+    10); the demo's 8×8 grid 9 instead of 16 for soft / soft_norm, and laplacian's floor keeps 16 there
+    (and on the pyramids' 7×7 stage 4)."""
     def count(name, dim, heads, side):
         return mixers.create(name, dim=dim, num_heads=heads).landmark_count(side, side)
     for name in LANDMARK:
@@ -85,8 +86,11 @@ def test_auto_landmarks_at_the_learning_grid_shapes():
     assert stage4.landmark_count(7, 7) == (4, 4)
     assert count("laplacian", 64, 4, 4) == (2, 2)         # the CI learning guard's 4×4 grid: unchanged
     assert count("soft", 64, 4, 4) == (2, 2)              # floor: 1×1 would be a rank-1 map
-    lap = mixers.create("laplacian", dim=64, num_heads=2)
-    assert round(lap.landmark_flops(196, 49) / (4 * 196 ** 2 * 32), 1) == 3.0
+    lap = mixers.create("laplacian", dim=64, num_heads=2)             # 10 Newton–Schulz steps (default)
+    assert round(lap.landmark_flops(196, 49) / (4 * 196 ** 2 * 32), 1) == 2.0
+    lap20 = mixers.create("laplacian", dim=64, num_heads=2, newton_iters=20)
+    assert round(lap20.landmark_flops(196, 49) / (4 * 196 ** 2 * 32), 1) == 3.0
+    assert lap20.landmark_count(14, 14) == lap.landmark_count(14, 14) == (5, 5)   # the same count either way
 
 
 @pytest.mark.parametrize("name", ["laplacian", "soft", "soft_norm"])
