@@ -100,24 +100,25 @@ def _needs_fashion_mnist(request, monkeypatch):
 @pytest.fixture
 def c_calls(monkeypatch):
     """Counts the one-call C forwards that produced an output: Nyström attention's (``"fused"``), the
-    LaplacianFormer layer's (``"layer"``) and the SOFT layer's (``"soft"``); a silent fallback leaves them
-    at 0. Fails where the library
-    cannot be built (no C compiler)."""
-    from vitmix.ops.nystrom import c as nystrom_c
+    LaplacianFormer layer's (``"layer"``: inference, and the forward of training), its training path with
+    the C backward (``"train"``) and the SOFT layer's (``"soft"``); a silent fallback leaves them at 0.
+    Fails where the library cannot be built (no C compiler)."""
+    from vitmix.ops.nystrom import c as nystrom_c, c_grad
 
     if nystrom_c.NYSTROM_KERNEL.load() is None:
         pytest.fail("no C compiler: the fused Nyström C forward could not be built (install cc/gcc)")
-    counts = {"fused": 0, "layer": 0, "soft": 0}
+    counts = {"fused": 0, "layer": 0, "train": 0, "soft": 0}
 
-    def spy(name: str, key: str) -> None:
-        real = getattr(nystrom_c, name)
+    def spy(name: str, key: str, module=nystrom_c) -> None:
+        real = getattr(module, name)
 
         def counted(*args, **kwargs):
             out = real(*args, **kwargs)
             counts[key] += out is not None
             return out
-        monkeypatch.setattr(nystrom_c, name, counted)
+        monkeypatch.setattr(module, name, counted)
     spy("fused_forward", "fused")
     spy("laplacian_mix", "layer")
+    spy("laplacian_mix_train", "train", c_grad)
     spy("soft_mix", "soft")
     return counts

@@ -15,6 +15,7 @@ A registered model outside every family pattern, or a mixer without a row, fails
 :func:`test_tables_cover_the_registry`. ``VITMIX_TEST_ALL_MODELS=1`` adds the export of every
 registered model at full depth (minutes).
 """
+import contextlib
 import fnmatch
 import functools
 import os
@@ -150,9 +151,28 @@ def _assert_matches(got, want, rtol):
         assert relative_error(grads[name], ref_grads[name]) <= rtol, name
 
 
+@contextlib.contextmanager
+def _composed_eager(model):
+    """Eager training with LaplacianFormer's one-call C path off: the composed ops the compiled graph runs.
+    The two agree to float32 rounding (tests/mixers/test_laplacian.py), but the untrained pyramid's
+    ill-conditioned landmark kernels amplify rounding to ~0.4 % of some gradients in either path (its
+    stage-3 layer against float64), so a compiled graph is compared with the same arithmetic."""
+    from vitmix.mixers.laplacian import LaplacianAttention
+
+    layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
+    for layer in layers:
+        layer._fused = lambda *args: None
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._fused
+
+
 def _check_compile(model, claim: str, backend: str = "eager", rtol: float = 1e-5):
     args = _inputs(model, 2)
-    eager = _forward_backward(model, model, args)            # also warms up caches and lazy modules
+    with _composed_eager(model):
+        eager = _forward_backward(model, model, args)        # also warms up caches and lazy modules
     if claim != "yes":      # "no" or "graph break": one graph cannot hold it (the claim is still true)
         with pytest.raises(TRACING_FAILURE):
             torch.compile(model, backend=backend, fullgraph=True)(*args)

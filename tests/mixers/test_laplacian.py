@@ -122,23 +122,111 @@ def test_inference_in_one_c_call_matches_dense_reference(c_calls, batch, prefix,
     torch.testing.assert_close(out, laplacian_reference(layer, x, prefix, H, W), rtol=1e-8, atol=1e-9)
 
 
+def _composed(monkeypatch, layer):
+    """Turn the layer's C paths off: what runs is the composition of torch ops and vitmix.ops (the reference)."""
+    monkeypatch.setattr(layer, "_fused", lambda *args: None)
+
+
 @pytest.mark.parametrize("opts", [{}, {"norm_scale": "sqrt"}, {"conv_kernel": 0}, {"num_landmarks": 9},
                                   {"mean_weight": None}])
 @pytest.mark.parametrize("batch,prefix,hw", [(1, 1, (14, 14)), (3, 4, (7, 9))])
-def test_inference_in_one_c_call_matches_the_composed_path_float32(c_calls, opts, batch, prefix, hw):
-    """float32 at the leaderboard's shape and an odd one: the C call against the composed path that runs
-    when gradients are needed (kernels summed directly vs by the C L1 kernel, then 20 Newton–Schulz rounds:
-    measured ≤ 1.3e-5 of the output's scale, bound 5e-5)."""
+def test_inference_in_one_c_call_matches_the_composed_path_float32(c_calls, monkeypatch, opts, batch, prefix, hw):
+    """float32 at the leaderboard's shape and an odd one: the C call against the composed path (kernels
+    summed directly vs by the C L1 kernel, then 10 Newton–Schulz rounds: measured ≤ 1.3e-5 of the output's
+    scale, bound 5e-5)."""
     torch.manual_seed(3)
     layer = mixers.create("laplacian", 64, 2, hw=hw, num_prefix_tokens=prefix, **opts).eval()
     x = torch.randn(batch, prefix + hw[0] * hw[1], 64)
-    composed = layer(x).detach()
-    assert c_calls["layer"] == 0                               # parameters need gradients: composed
     with torch.no_grad():
         fused = layer(x)
     assert c_calls["layer"] == 1
+    _composed(monkeypatch, layer)
+    with torch.no_grad():
+        composed = layer(x)
+    assert c_calls["layer"] == 1
     scale = composed.abs().max().item()
     torch.testing.assert_close(fused, composed, rtol=5e-5, atol=5e-5 * scale)
+
+
+TRAIN_CASES = [  # (batch, prefix, H, W, dim, heads, options): odd grids, head dims on and off the vector width
+    (1, 0, 6, 10, 48, 3, {}),
+    (2, 1, 8, 8, 64, 2, {}),                                                   # the demo's grid: 16 landmarks
+    (3, 2, 7, 5, 36, 3, {"num_landmarks": (3, 2)}),                            # head dim 12: channel tail
+    (2, 1, 9, 9, 40, 2, {"conv_kernel": 5, "newton_alpha": "official"}),       # head dim 20
+    (2, 1, 5, 7, 48, 3, {"mean_weight": None}),
+    (2, 1, 6, 6, 48, 3, {"conv_kernel": 0, "norm_scale": "none"}),
+    (1, 1, 14, 14, 64, 2, {"norm_scale": "sqrt", "landmark_stride": 4}),
+]
+
+
+def _train_grads(layer, x, hw, prefix):
+    x = x.clone().requires_grad_(True)
+    layer.zero_grad()
+    out = layer(x, hw=hw, num_prefix_tokens=prefix)
+    (out.pow(2).sum() + out.sum()).backward()
+    return [out.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("batch,prefix,H,W,dim,heads,opts", TRAIN_CASES)
+def test_training_in_one_c_call_each_way_matches_the_composed_path(c_calls, monkeypatch, dtype, batch, prefix, H, W,
+                                                                    dim, heads, opts):
+    """With gradients the layer's token mixing is one C call forward and one backward
+    (:mod:`vitmix.ops.nystrom.c_grad`); output and every gradient (input, qkv, conv, mean weight, proj) match
+    the composed path. float64: measured ≤ 2e-15 of each tensor's scale, bound 1e-11. float32: ≤ 1.2e-6,
+    bound 2e-5 (sums in another order, amplified by the Newton–Schulz loop)."""
+    torch.manual_seed(5)
+    layer = _make(dim, heads, **opts).to(dtype)
+    x = torch.randn(batch, prefix + H * W, dim, dtype=dtype)
+    fused = _train_grads(layer, x, (H, W), prefix)
+    assert c_calls["train"] == 1
+    _composed(monkeypatch, layer)
+    ref = _train_grads(layer, x, (H, W), prefix)
+    assert c_calls["train"] == 1
+    assert len(fused) == len(ref) == 2 + len(list(layer.parameters()))
+    bound = 1e-11 if dtype == torch.float64 else 2e-5
+    for a, b in zip(fused, ref):
+        torch.testing.assert_close(a, b, rtol=bound, atol=bound * b.abs().max().item())
+
+
+def test_training_c_function_passes_gradcheck():
+    """float64 gradcheck of the C forward/backward pair against finite differences. The backward is the
+    implicit inverse derivative, exact where Newton–Schulz has converged: 60 steps here."""
+    from vitmix.ops.nystrom.c_grad import laplacian_mix_train
+
+    torch.manual_seed(0)
+    b, prefix, h, w, heads, d = 2, 1, 4, 3, 2, 3
+    c = heads * d
+    y = (0.5 * torch.randn(b, prefix + h * w, 3 * c, dtype=torch.float64)).requires_grad_(True)
+    conv_w = (0.3 * torch.randn(c, 1, 3, 3, dtype=torch.float64)).requires_grad_(True)
+    conv_b = torch.randn(c, dtype=torch.float64, requires_grad=True)
+    mean_w = torch.randn(heads, dtype=torch.float64, requires_grad=True)
+
+    def fn(y, conv_w, conv_b, mean_w):
+        return laplacian_mix_train(y, conv_w, conv_b, grid=(prefix, h, w), heads=heads, landmarks=(2, 2), lam=2.0,
+                                   eps=0.1, iters=60, alpha="transpose", norm_eps=1e-3, contrast=0.5,
+                                   mean_weight=mean_w)
+
+    assert fn(y, conv_w, conv_b, mean_w) is not None
+    assert torch.autograd.gradcheck(fn, (y, conv_w, conv_b, mean_w), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_training_without_the_library_runs_the_composed_path(c_calls, monkeypatch):
+    """Fallback: where the C library is unavailable (no compiler, VITMIX_DISABLE_C_KERNEL) training runs the
+    composed path and gives exactly its numbers."""
+    from vitmix.ops.nystrom import c as nystrom_c
+
+    torch.manual_seed(6)
+    layer = _make(48, 3)
+    x = torch.randn(2, 1 + 36, 48, dtype=torch.float64)
+    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_lib", None)
+    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_tried", True)
+    without = _train_grads(layer, x, (6, 6), 1)
+    assert c_calls["train"] == 0
+    _composed(monkeypatch, layer)
+    ref = _train_grads(layer, x, (6, 6), 1)
+    for a, b in zip(without, ref):
+        assert torch.equal(a, b)
 
 
 def test_structure_and_defaults():

@@ -61,17 +61,23 @@ class LandmarkMixer(TokenMixer):
         s = self.landmark_stride
         return self.landmark_hw is None and (mh * s, mw * s) != (h, w)
 
-    def _eager_cpu_inference(self, x: torch.Tensor) -> bool:
-        """Whether this forward may take the one-call C path (``_fused_inference`` of the subclasses): CPU
-        float32/float64 input, nothing needs a gradient (``no_grad``/``inference_mode``, or a frozen layer
-        and input), not traced or exported, no autocast, no Python dispatch mode (FLOP counters and memory
-        trackers must see the torch ops), and not forced onto Triton."""
+    def _eager_cpu(self, x: torch.Tensor) -> bool:
+        """Whether this forward may take a one-call C path: CPU float32/float64 input, not traced or exported,
+        no autocast, no Python dispatch mode (FLOP counters and memory trackers must see the torch ops), and
+        not forced onto Triton."""
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or self.backend == "triton":
-            return False
-        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
             return False
         return not (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu")
                     or _get_current_dispatch_mode() is not None)
+
+    def _needs_grad(self, x: torch.Tensor) -> bool:
+        """Whether autograd records this forward (the input or a parameter needs a gradient)."""
+        return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+
+    def _eager_cpu_inference(self, x: torch.Tensor) -> bool:
+        """:meth:`_eager_cpu` where nothing needs a gradient (``no_grad``/``inference_mode``, or a frozen layer
+        and input): the condition of the inference-only C paths (``_fused_inference`` of SOFT)."""
+        return self._eager_cpu(x) and not self._needs_grad(x)
 
     def landmark_count(self, h: int, w: int) -> Tuple[int, int]:
         """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits).

@@ -1,4 +1,4 @@
-"""Nyström kernel attention's whole forward in one C call, for inference on CPU (private).
+"""Nyström attention's whole forward in one C call on CPU (inference; LaplacianFormer's training forward; private).
 
 At batch 1 a SOFT or LaplacianFormer layer's core is ~40 small torch ops (three kernel matrices, the
 Newton–Schulz start and loop, the normaliser's products), each costing more in dispatch than in
@@ -11,7 +11,8 @@ work item per (batch, head) slice computes, in cache-resident buffers,
     :mod:`vitmix.ops.nystrom`: centred keys D, T = Mᵀ cov(C_q) M, s = (diag(D T Dᵀ) + ε)^(-1/2),
     out = C_q M Dᵀ (s ⊙ V) + mean(V))
 
-with no autograd: :func:`vitmix.ops.nystrom_attention` uses it only when no input needs a gradient
+with no autograd (LaplacianFormer's layer pairs ``laplacian_mix`` with the C backward of :mod:`.c_grad`):
+:func:`vitmix.ops.nystrom_attention` uses it only when no input needs a gradient
 (``torch.no_grad()``, ``model.eval()`` inference), and falls back to its composition of ops wherever this
 does not apply (no compiler, other devices or dtypes, ``inverse="exact"``, the Cholesky-tested
 ``alpha="safe"`` start on untied landmarks, tracing, unbroadcast leading dims). Its reference is that
@@ -29,6 +30,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .._cbuild import CKernel
 from ..newton.c import _NS_C_MAX_M, _RULES, ns_c_source
+from .c_backward import GRAD_BODY, declare as declare_backward
 
 EXP_F32 = r"""
 #include <math.h>
@@ -56,6 +58,12 @@ static inline float exp_nonpos_f32(float x) {
 """
 
 BODY = r"""
+/* Sums over tokens (column means, and gemm's inner dimension, N for the normaliser's products) run in blocks
+ * of SUM_BLOCK terms added to a total: float32 rounding then grows with SUM_BLOCK + N / SUM_BLOCK instead of
+ * N. With one running sum, a LaplacianFormer stage at N = 1024 gave 7x the composed path's output error,
+ * which the untrained pyramid's later stages amplified to a 3 % gradient error. */
+#undef SUM_BLOCK
+#define SUM_BLOCK 32
 #undef FJB
 #define FJB ((int64_t)(VEC_BYTES / sizeof(TYPE)))
 
@@ -110,42 +118,88 @@ static void transpose_pad_SFX(const TYPE *y, TYPE *yt, int64_t m, int64_t mp, in
         for (int64_t c = 0; c < d; ++c) yt[c * mp + j] = y[j * d + c];
 }
 
-/* c (n, p) = a (n, k) b (k, p), row-major; the inner loop runs over p (contiguous: it vectorises) */
-static void mm_SFX(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p) {
-    for (int64_t i = 0; i < n; ++i) {
-        TYPE *ci = c + i * p;
-        for (int64_t j = 0; j < p; ++j) ci[j] = 0;
-        for (int64_t l = 0; l < k; ++l) {
-            const TYPE ail = a[i * k + l];
-            const TYPE *bl = b + l * p;
-            for (int64_t j = 0; j < p; ++j) ci[j] += ail * bl[j];
+/* c[:, j0:j0+w] (row stride p, w <= FJB lanes stored) = A b[:, j0:j0+w] (b's block at row stride p) for rows
+ * i..i+rows of A (A[i, l] = a[i * si + l * sl]), rows <= 4: four broadcast-FMA chains share each load of b,
+ * and the sums over l run in blocks of SUM_BLOCK (see there). A partial block (w < FJB) loads a full vector
+ * of each row of b, whose extra lanes belong to the next row and are never stored; only the last row, which
+ * would read past the end of b, is copied into a zero-padded vector. */
+static void gemm_block_SFX(const TYPE *a, int64_t si, int64_t sl, const TYPE *b, TYPE *c, int64_t p, int64_t i,
+                           int64_t rows, int64_t k, int64_t w) {
+    const TYPE *a0 = a + i * si, *a1 = a0 + (rows > 1) * si, *a2 = a0 + (rows > 2) * 2 * si;
+    const TYPE *a3 = a0 + (rows > 3) * 3 * si;
+    const int64_t last = w < FJB ? k - 1 : k;      /* rows of b loaded as full vectors */
+    FVEC_SFX acc[4] = {{0}}, bl;
+    for (int64_t l0 = 0; l0 < k; l0 += SUM_BLOCK) {
+        const int64_t l1 = k - l0 < SUM_BLOCK ? k : l0 + SUM_BLOCK;
+        FVEC_SFX s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        for (int64_t l = l0; l < l1; ++l) {
+            if (l < last) {
+                memcpy(&bl, b + l * p, sizeof bl);
+            } else {
+                bl = (FVEC_SFX){0};
+                memcpy(&bl, b + l * p, sizeof(TYPE) * (size_t)w);
+            }
+            s0 += a0[l * sl] * bl;
+            s1 += a1[l * sl] * bl;
+            s2 += a2[l * sl] * bl;
+            s3 += a3[l * sl] * bl;
         }
+        acc[0] += s0;
+        acc[1] += s1;
+        acc[2] += s2;
+        acc[3] += s3;
+    }
+    for (int64_t r = 0; r < rows; ++r) memcpy(c + (i + r) * p, &acc[r], sizeof(TYPE) * (size_t)w);
+}
+
+/* c (n, p) = A b with A (n, k) read as A[i, l] = a[i * si + l * sl] (a or a transposed) and b (k, p)
+ * row-major: rows of c go four at a time and each FJB-wide block of them is accumulated in vector registers
+ * over l, then stored once (the last block may be partial: m = 25 landmarks are 16 + 9 lanes). At the sizes
+ * of one slice (N = 65, m = 16, d = 32) the plain triple loop spent more time in loop overhead and
+ * loads/stores of c than in arithmetic. */
+static void gemm_SFX(const TYPE *a, int64_t si, int64_t sl, const TYPE *restrict b, TYPE *restrict c, int64_t n,
+                     int64_t k, int64_t p) {
+    for (int64_t i = 0; i < n; i += 4) {
+        const int64_t rows = n - i < 4 ? n - i : 4;
+        for (int64_t j0 = 0; j0 < p; j0 += FJB)
+            gemm_block_SFX(a, si, sl, b + j0, c + j0, p, i, rows, k, p - j0 < FJB ? p - j0 : FJB);
     }
 }
 
-/* c (k, p) = a(n, k)^T b (n, p): a sum of n outer products (rows of a and b) */
+/* c (n, p) = a (n, k) b (k, p), row-major */
+static void mm_SFX(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p) {
+    gemm_SFX(a, k, 1, b, c, n, k, p);
+}
+
+/* c (k, p) = a(n, k)^T b (n, p) */
 static void mtm_SFX(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p) {
-    for (int64_t e = 0; e < k * p; ++e) c[e] = 0;
-    for (int64_t r = 0; r < n; ++r) {
-        const TYPE *ar = a + r * k, *br = b + r * p;
-        for (int64_t i = 0; i < k; ++i) {
-            const TYPE ari = ar[i];
-            TYPE *ci = c + i * p;
-            for (int64_t j = 0; j < p; ++j) ci[j] += ari * br[j];
+    gemm_SFX(a, 1, k, b, c, k, n, p);
+}
+
+/* sum (p) = column sums of a (n, p), in blocks of SUM_BLOCK rows (64 columns at a time) */
+static void column_sum_SFX(const TYPE *a, TYPE *sum, int64_t n, int64_t p) {
+    for (int64_t j0 = 0; j0 < p; j0 += 64) {
+        const int64_t w = p - j0 < 64 ? p - j0 : 64;
+        TYPE total[64] = {0}, part[64];
+        for (int64_t r0 = 0; r0 < n; r0 += SUM_BLOCK) {
+            const int64_t r1 = n - r0 < SUM_BLOCK ? n : r0 + SUM_BLOCK;
+            for (int64_t j = 0; j < w; ++j) part[j] = 0;
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t j = 0; j < w; ++j) part[j] += a[r * p + j0 + j];
+            for (int64_t j = 0; j < w; ++j) total[j] += part[j];
         }
+        for (int64_t j = 0; j < w; ++j) sum[j0 + j] = total[j];
     }
 }
 
 static void column_mean_SFX(const TYPE *a, TYPE *mean, int64_t n, int64_t p) {
-    for (int64_t j = 0; j < p; ++j) mean[j] = 0;
-    for (int64_t r = 0; r < n; ++r)
-        for (int64_t j = 0; j < p; ++j) mean[j] += a[r * p + j];
+    column_sum_SFX(a, mean, n, p);
     for (int64_t j = 0; j < p; ++j) mean[j] /= (TYPE)n;
 }
 
 /* M (m, m) = NS(W + eps I) from the landmark kernel W, with the start rule of vitmix_ns_solve */
 static int newton_SFX(const TYPE *w, TYPE *M, int64_t m, TYPE eps, int64_t iters, int rule) {
-    const int64_t mp = (m + 4 * FJB - 1) / (4 * FJB) * (4 * FJB);
+    const int64_t mp = (m + FJB - 1) / FJB * FJB;
     TYPE *buf = (TYPE *)calloc((size_t)(5 * mp * mp), sizeof(TYPE));
     if (!buf) return 1;
     TYPE *p = buf, *v = buf + mp * mp, *t = buf + 2 * mp * mp, *u = buf + 3 * mp * mp, *a = buf + 4 * mp * mp;
@@ -160,6 +214,31 @@ static int newton_SFX(const TYPE *w, TYPE *M, int64_t m, TYPE eps, int64_t iters
     return 0;
 }
 
+/* The injective map's statistics (forward and backward share them): cc = C_q centred over queries (mu: its
+ * column means), cov = cc^T cc / n, T = M^T cov M (cm = cov M; T made exactly symmetric, as the PyTorch path),
+ * D = C_k centred over keys (muk), mv = mean(V) */
+static void injective_stats_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, TYPE *mu, TYPE *cc,
+                                TYPE *cov, TYPE *cm, TYPE *T, TYPE *muk, TYPE *D, TYPE *mv, int64_t n, int64_t nk,
+                                int64_t m, int64_t dv) {
+    column_mean_SFX(cq, mu, n, m);
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t a = 0; a < m; ++a) cc[i * m + a] = cq[i * m + a] - mu[a];
+    mtm_SFX(cc, cc, cov, n, m, m);                 /* population covariance over queries */
+    for (int64_t e = 0; e < m * m; ++e) cov[e] /= (TYPE)n;
+    mm_SFX(cov, M, cm, m, m, m);
+    mtm_SFX(M, cm, T, m, m, m);
+    for (int64_t a = 0; a < m; ++a)
+        for (int64_t b = a + 1; b < m; ++b) {
+            const TYPE h = (TYPE)0.5 * (T[a * m + b] + T[b * m + a]);
+            T[a * m + b] = h;
+            T[b * m + a] = h;
+        }
+    column_mean_SFX(ck, muk, nk, m);
+    column_mean_SFX(v, mv, nk, dv);
+    for (int64_t j = 0; j < nk; ++j)
+        for (int64_t a = 0; a < m; ++a) D[j * m + a] = ck[j * m + a] - muk[a];
+}
+
 /* out (n, dv) = contrast C_q M D^T (s * V) + mean_w mean(V), the injective map (D: centred C_k; s from
  * T = M^T cov(C_q) M; contrast and mean_w: laplacian's norm_scale and its learnt mean(V) weight, else 1) */
 static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, TYPE *out, int64_t n,
@@ -170,23 +249,7 @@ static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TY
     TYPE *cov = buf, *cm = cov + m * m, *T = cm + m * m, *mu = T + m * m, *muk = mu + m, *cc = muk + m;
     TYPE *D = cc + n * m, *DT = D + nk * m, *sv = DT + nk * m, *E = sv + nk * dv, *core = E + m * dv;
     TYPE *mv = core + m * dv;
-    column_mean_SFX(cq, mu, n, m);
-    for (int64_t i = 0; i < n; ++i)
-        for (int64_t a = 0; a < m; ++a) cc[i * m + a] = cq[i * m + a] - mu[a];
-    mtm_SFX(cc, cc, cov, n, m, m);                 /* cov = cc^T cc / n (population, over queries) */
-    for (int64_t e = 0; e < m * m; ++e) cov[e] /= (TYPE)n;
-    mm_SFX(cov, M, cm, m, m, m);                   /* cov M */
-    mtm_SFX(M, cm, T, m, m, m);                    /* M^T cov M */
-    for (int64_t a = 0; a < m; ++a)                /* exactly symmetric, as the PyTorch path */
-        for (int64_t b = a + 1; b < m; ++b) {
-            const TYPE s = (TYPE)0.5 * (T[a * m + b] + T[b * m + a]);
-            T[a * m + b] = s;
-            T[b * m + a] = s;
-        }
-    column_mean_SFX(ck, muk, nk, m);
-    column_mean_SFX(v, mv, nk, dv);
-    for (int64_t j = 0; j < nk; ++j)
-        for (int64_t a = 0; a < m; ++a) D[j * m + a] = ck[j * m + a] - muk[a];
+    injective_stats_SFX(cq, ck, M, v, mu, cc, cov, cm, T, muk, D, mv, n, nk, m, dv);
     mm_SFX(D, T, DT, nk, m, m);                    /* rows d_j T */
     for (int64_t j = 0; j < nk; ++j) {
         TYPE var = 0;
@@ -204,10 +267,12 @@ static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TY
     return 0;
 }
 
-/* One (batch, head) slice: kernels, inverse, normalisation. Returns nonzero when out of memory. */
+/* One (batch, head) slice: kernels, inverse, normalisation. With `save` (untied only) C_q, C_k and M are
+ * copied there, (n + nk) x m then m x m, for the training backward. Returns nonzero when out of memory. */
 static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq, const TYPE *lk, TYPE *out,
                      int64_t n, int64_t nk, int64_t m, int64_t d, int64_t dv, int kind, TYPE scale, int tied,
-                     TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps, TYPE contrast, TYPE mean_w) {
+                     TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps, TYPE contrast, TYPE mean_w,
+                     TYPE *save) {
     const int64_t mk = (m + FJB - 1) / FJB * FJB;
     const int64_t size = n * m + (tied ? 0 : nk * m) + 2 * m * m + 2 * m * dv + 2 * d * mk;
     TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
@@ -223,6 +288,10 @@ static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq
     }
     kernel_matrix_SFX(lq, lkt, w, m, m, mk, d, kind, scale);
     err = newton_SFX(w, M, m, eps, iters, rule);
+    if (!err && save && !tied) {
+        memcpy(save, cq, sizeof(TYPE) * (size_t)((n + nk) * m));      /* cq and ck are adjacent in buf */
+        memcpy(save + (n + nk) * m, M, sizeof(TYPE) * (size_t)(m * m));
+    }
     if (!err && norm == 2) {
         err = injective_SFX(cq, ck, M, v, out, n, nk, m, dv, norm_eps, contrast, mean_w);
     } else if (!err) {
@@ -254,7 +323,7 @@ int64_t vitmix_nystrom_forward_SFX(const TYPE *q, const TYPE *k, const TYPE *v, 
     for (int64_t s = 0; s < S; ++s)
         failed += slice_SFX(q + s * n * d, k + s * nk * d, v + s * nk * dv, lq + s * m * d, lk + s * m * d,
                             out + s * n * dv, n, nk, m, d, dv, kind, scale, tied, eps, iters, rule, norm, norm_eps,
-                            1, 1);
+                            1, 1, NULL);
     return failed;
 }
 
@@ -323,18 +392,19 @@ static void gather_head_SFX(const TYPE *x, TYPE *dst, int64_t b, int64_t n, int6
         for (int64_t c = 0; c < d; ++c) dst[i * d + c] = scale * xb[i * stride + c];
 }
 
-/* LaplacianFormer's whole token mixing for inference, per (batch, head) slice, from the fused qkv
+/* LaplacianFormer's whole token mixing, per (batch, head) slice, from the fused qkv
  * projection y (B, n, 3C) (q, k, v of head h at columns h d, C + h d, 2C + h d): landmarks by adaptive
  * average pooling of the grid queries and keys (mh x mw windows of the H x W grid after `prefix` tokens, as
  * F.adaptive_avg_pool2d), the untied Laplacian kernels, Newton-Schulz, the injective map with its contrast
  * scale and the per-head weight of its mean(V) term (mean_w (heads) or NULL: 1), plus the depthwise
  * ksize x ksize convolution of the grid values (conv_w (C, ksize^2), conv_b (C) or NULL; ksize 0: none) on
- * the grid tokens. out (B, n, C): heads merged, ready for the output
- * projection. Returns the number of slices that ran out of memory. */
+ * the grid tokens. out (B, n, C): heads merged, ready for the output projection. With `save` (training) each
+ * slice also keeps its C_q, C_k (n x m each) and M (m x m) there, (B heads, 2 n m + m^2), for
+ * vitmix_laplacian_mix_backward. Returns the number of slices that ran out of memory. */
 int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *conv_b, TYPE *out, int64_t B,
                                  int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads, int64_t d,
                                  int64_t mh, int64_t mw, TYPE scale, TYPE eps, int64_t iters, int rule, TYPE norm_eps,
-                                 TYPE contrast, const TYPE *mean_w, int64_t ksize, int nthreads) {
+                                 TYPE contrast, const TYPE *mean_w, int64_t ksize, TYPE *save, int nthreads) {
     const int64_t C = heads * d, m = mh * mw;
     int64_t failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
@@ -349,7 +419,7 @@ int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *
         pool_grid_SFX(q + prefix * d, lq, H, W, mh, mw, d, 0);
         pool_grid_SFX(k + prefix * d, lk, H, W, mh, mw, d, 0);
         int err = slice_SFX(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast,
-                            mean_w ? mean_w[h] : (TYPE)1);
+                            mean_w ? mean_w[h] : (TYPE)1, save ? save + sl * (2 * n * m + m * m) : NULL);
         if (!err && ksize > 0)
             err = local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
                                  conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
@@ -420,7 +490,7 @@ int64_t vitmix_soft_mix_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, co
         } else {
             pool_grid_SFX(q + prefix * d, lm, H, W, mh, mw, d, pool_first ? 0 : s);
         }
-        int err = slice_SFX(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1);
+        int err = slice_SFX(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, NULL);
         if (!err && ksize > 0)
             err = local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
         if (!err)
@@ -440,20 +510,21 @@ def nystrom_c_source() -> str:
     parts = [ns_c_source(), EXP_F32]
     for typ, ityp, sfx, exp, sqrt, erf in (("float", "int32_t", "f32", "exp_nonpos_f32", "sqrtf", "erff"),
                                            ("double", "int64_t", "f64", "exp", "sqrt", "erf")):
-        body = BODY.replace("UTYPE", "u" + ityp).replace("ITYPE", ityp).replace("TYPE", typ)
+        body = (BODY + GRAD_BODY).replace("UTYPE", "u" + ityp).replace("ITYPE", ityp).replace("TYPE", typ)
         parts.append(body.replace("SFX", sfx).replace("EXPFN", exp).replace("SQRTFN", sqrt).replace("ERFFN", erf))
     return "".join(parts)
 
 
 def _declare(lib) -> None:
     for sfx, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
+        declare_backward(lib, real, sfx)
         fn = getattr(lib, f"vitmix_nystrom_forward_{sfx}")
         fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_int, real, ctypes.c_int, real,
                        ctypes.c_int64, ctypes.c_int, ctypes.c_int, real, ctypes.c_int])
         fn.restype = ctypes.c_int64
         mix = getattr(lib, f"vitmix_laplacian_mix_{sfx}")
         mix.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int64] * 9 + [real, real, ctypes.c_int64, ctypes.c_int, real,
-                        real, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int])
+                        real, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int])
         mix.restype = ctypes.c_int64
         soft = getattr(lib, f"vitmix_soft_mix_{sfx}")
         soft.argtypes = ([ctypes.c_void_p] * 5 + [real] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 10
@@ -472,6 +543,11 @@ _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _NORMS = {None: 0, "soft_norm": 1, "injective": 2}
 #: from this many multiply-adds per call the slices run on all threads (one fork/join: ~10 µs)
 _PARALLEL_WORK = 1 << 17
+
+
+def slice_threads(slices: int, work: int) -> int:
+    """Threads for a C call over ``slices`` independent slices and ``work`` multiply-adds in all."""
+    return min(torch.get_num_threads(), slices) if work >= _PARALLEL_WORK else 1
 
 
 def applies(tensors, dtype: torch.dtype, inverse: str, alpha: str, symmetric: Optional[bool], backend: str) -> bool:
@@ -519,7 +595,7 @@ def fused_forward(q, k, v, lq, lk, *, kernel: str, lam: float, tied: bool, eps: 
 
 def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bias: Optional[torch.Tensor], *,
                   grid, heads: int, landmarks, lam: float, eps: float, iters: int, alpha: str, norm_eps: float,
-                  contrast: float, mean_weight: Optional[torch.Tensor] = None):
+                  contrast: float, mean_weight: Optional[torch.Tensor] = None, save: bool = False):
     """LaplacianFormer's token mixing for inference from its fused ``qkv`` output ``y (B, N, 3C)``, in one C
     call: adaptive-pooled landmarks of the grid queries and keys, the untied Laplacian kernels
     (``exp(-|q - k|₁ / lam)``), Newton–Schulz (``alpha``: ``"transpose"`` or ``"official"``), the injective map
@@ -528,7 +604,8 @@ def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bia
     (C, 1, k, k)``, ``conv_bias (C,)``; ``None``: no conv). Returns ``(B, N, C)`` with the heads merged (the input
     of the output projection), or ``None`` when the library is unavailable or m > 256. The caller checks that this
     configuration is its own (:class:`vitmix.mixers.laplacian.LaplacianAttention` compares against its
-    composed path in the tests)."""
+    composed path in the tests). ``save=True`` (the training forward of :mod:`.c_grad`; library loaded, m checked)
+    returns ``(out, saved)`` with each slice's ``C_q``, ``C_k`` and ``M`` for the C backward."""
     lib = NYSTROM_KERNEL.load()
     if lib is None or landmarks[0] * landmarks[1] > MAX_LANDMARKS:
         return None
@@ -542,18 +619,19 @@ def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bia
     bias = conv_bias.to(y.dtype).contiguous() if conv_bias is not None and conv_weight is not None else None
     mean_w = mean_weight.to(y.dtype).contiguous() if mean_weight is not None else None
     d, m = c // heads, mh * mw
-    work = b * heads * 2 * n * m * (2 * d + m)
-    threads = min(torch.get_num_threads(), b * heads) if work >= _PARALLEL_WORK else 1
+    threads = slice_threads(b * heads, b * heads * 2 * n * m * (2 * d + m))
+    saved = torch.empty(b * heads, 2 * n * m + m * m, dtype=y.dtype) if save else None
     with torch.profiler.record_function("vitmix::laplacian_mix (C)"):
         failed = getattr(lib, f"vitmix_laplacian_mix_{_SUFFIX[y.dtype]}")(
             ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(None if wt is None else wt.data_ptr()),
             ctypes.c_void_p(None if bias is None else bias.data_ptr()), ctypes.c_void_p(out.data_ptr()),
             b, n, prefix, h, w, heads, d, mh, mw, 1.0 / lam, eps, iters,
             _RULES["official" if alpha == "official" else None], norm_eps, contrast,
-            ctypes.c_void_p(None if mean_w is None else mean_w.data_ptr()), ksize, threads)
+            ctypes.c_void_p(None if mean_w is None else mean_w.data_ptr()), ksize,
+            ctypes.c_void_p(None if saved is None else saved.data_ptr()), threads)
     if failed:
         raise MemoryError(f"laplacian attention: the C forward could not allocate its buffers for {failed} slices")
-    return out
+    return (out, saved) if save else out
 
 
 def soft_mix(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[torch.Tensor],

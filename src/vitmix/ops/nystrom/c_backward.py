@@ -1,0 +1,265 @@
+"""The C source of LaplacianFormer's training backward (private; bound by :mod:`.c_grad`).
+
+Appended to :mod:`.c`'s source (one library: it calls that file's static helpers, ``gemm``, the kernel
+matrix, pooling, gathering) and instantiated for float32 and float64 the same way. One work item per
+(batch, head) slice; what each step computes is documented in :mod:`.c_grad`.
+"""
+from __future__ import annotations
+
+import ctypes
+
+GRAD_BODY = r"""
+/* c (n, p) = a (n, k) b (p, k)^T: b transposed into bt (k x p scratch), then gemm (dot products of rows
+ * would end in one horizontal sum per element) */
+static void mmt_SFX(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p,
+                    TYPE *restrict bt) {
+    for (int64_t j = 0; j < p; ++j)
+        for (int64_t l = 0; l < k; ++l) bt[l * p + j] = b[j * k + l];
+    gemm_SFX(a, k, 1, bt, c, n, k, p);
+}
+
+/* gx (n, d), gy (m, d) += the gradient of K = exp(-scale |x_i - y_j|_1) (n x m) from dK: with P = scale dK K
+ * (written to p, n x m), gx_i -= sum_j P_ij sign(x_i - y_j) and gy_j += sum_i P_ij sign(x_i - y_j), sign(0) = 0.
+ * Rows of x go four at a time over FJB-wide channel blocks: their gradients stay in registers over all j and
+ * each y_j block is loaded once for four rows (the L1 backward is the layer's largest elementwise pass). */
+static void l1_kernel_grad_SFX(const TYPE *x, const TYPE *y, const TYPE *K, const TYPE *dK, TYPE *gx, TYPE *gy,
+                               TYPE *p, int64_t n, int64_t m, int64_t d, TYPE scale) {
+    for (int64_t e = 0; e < n * m; ++e) p[e] = scale * dK[e] * K[e];
+    const int64_t dvec = d / FJB * FJB;
+    const FVEC_SFX zero = {0};
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const int64_t rows = n - i0 < 4 ? n - i0 : 4;
+        const TYPE *pr[4];
+        for (int64_t r = 0; r < 4; ++r) pr[r] = p + (i0 + (r < rows ? r : 0)) * m;   /* missing rows: weight 0 */
+        for (int64_t c0 = 0; c0 < dvec; c0 += FJB) {
+            FVEC_SFX xr[4], ax[4] = {{0}}, yv, t, pv, sg;
+            for (int64_t r = 0; r < 4; ++r) memcpy(&xr[r], x + (i0 + (r < rows ? r : 0)) * d + c0, sizeof yv);
+            for (int64_t j = 0; j < m; ++j) {
+                FVEC_SFX ay = {0};
+                memcpy(&yv, y + j * d + c0, sizeof yv);
+                for (int64_t r = 0; r < 4; ++r) {
+                    pv = zero + (r < rows ? pr[r][j] : (TYPE)0);
+                    t = xr[r] - yv;
+                    sg = (FVEC_SFX)(((FIVEC_SFX)(t > zero) & (FIVEC_SFX)pv)) -
+                         (FVEC_SFX)(((FIVEC_SFX)(t < zero) & (FIVEC_SFX)pv));        /* sign(t) P, sign(0) = 0 */
+                    ax[r] -= sg;
+                    ay += sg;
+                }
+                FVEC_SFX gv;
+                memcpy(&gv, gy + j * d + c0, sizeof gv);
+                gv += ay;
+                memcpy(gy + j * d + c0, &gv, sizeof gv);
+            }
+            for (int64_t r = 0; r < rows; ++r) {
+                FVEC_SFX gv;
+                memcpy(&gv, gx + (i0 + r) * d + c0, sizeof gv);
+                gv += ax[r];
+                memcpy(gx + (i0 + r) * d + c0, &gv, sizeof gv);
+            }
+        }
+        for (int64_t r = 0; r < rows; ++r)                    /* channels beyond the last full block */
+            for (int64_t j = 0; j < m; ++j)
+                for (int64_t c = dvec; c < d; ++c) {
+                    const TYPE t = x[(i0 + r) * d + c] - y[j * d + c], w = p[(i0 + r) * m + j];
+                    const TYPE sg = (t > 0 ? w : (TYPE)0) - (t < 0 ? w : (TYPE)0);
+                    gx[(i0 + r) * d + c] -= sg;
+                    gy[j * d + c] += sg;
+                }
+    }
+}
+
+/* gx (grid rows, d) += the adjoint of pool_grid's adaptive windows: each cell receives gp of every window
+ * that holds it, divided by the window's area */
+static void pool_grid_grad_SFX(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d) {
+    for (int64_t a = 0; a < oh; ++a) {
+        int64_t r0, r1, c0, c1;
+        window_SFX(a, H, oh, &r0, &r1);
+        for (int64_t b = 0; b < ow; ++b) {
+            window_SFX(b, W, ow, &c0, &c1);
+            const TYPE inv = (TYPE)1 / (TYPE)((r1 - r0) * (c1 - c0));
+            const TYPE *gj = gp + (a * ow + b) * d;
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t cc = c0; cc < c1; ++cc)
+                    for (int64_t c = 0; c < d; ++c) gx[(r * W + cc) * d + c] += inv * gj[c];
+        }
+    }
+}
+
+/* The backward of local_conv_SFX with per-channel taps w (d, ksize^2) and a bias: gv (grid rows, d) += the
+ * transposed conv of g; gw (d, ksize^2) and gb (d) are written (sums over the grid positions). */
+static int local_conv_grad_SFX(const TYPE *v, const TYPE *g, const TYPE *w, TYPE *gv, TYPE *gw, TYPE *gb, int64_t H,
+                               int64_t W, int64_t d, int64_t ksize) {
+    const int64_t pad = ksize / 2, taps = ksize * ksize;
+    TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(2 * taps * d));
+    if (!wt) return 1;
+    TYPE *gwt = wt + taps * d;
+    for (int64_t t = 0; t < taps; ++t)
+        for (int64_t c = 0; c < d; ++c) { wt[t * d + c] = w[c * taps + t]; gwt[t * d + c] = 0; }
+    for (int64_t c = 0; c < d; ++c) gb[c] = 0;
+    for (int64_t r = 0; r < H; ++r)
+        for (int64_t cc = 0; cc < W; ++cc) {
+            const TYPE *restrict gi = g + (r * W + cc) * d;
+            for (int64_t c = 0; c < d; ++c) gb[c] += gi[c];
+            for (int64_t dy = 0; dy < ksize; ++dy) {
+                const int64_t rr = r + dy - pad;
+                if (rr < 0 || rr >= H) continue;
+                for (int64_t dx = 0; dx < ksize; ++dx) {
+                    const int64_t xx = cc + dx - pad;
+                    if (xx < 0 || xx >= W) continue;
+                    const int64_t t = dy * ksize + dx;
+                    const TYPE *restrict vi = v + (rr * W + xx) * d, *restrict wk = wt + t * d;
+                    TYPE *restrict gvi = gv + (rr * W + xx) * d, *restrict gk = gwt + t * d;
+                    for (int64_t c = 0; c < d; ++c) {
+                        gvi[c] += wk[c] * gi[c];
+                        gk[c] += gi[c] * vi[c];
+                    }
+                }
+            }
+        }
+    for (int64_t t = 0; t < taps; ++t)
+        for (int64_t c = 0; c < d; ++c) gw[c * taps + t] = gwt[t * d + c];
+    free(wt);
+    return 0;
+}
+
+/* The injective map's backward (the formulas of the PyTorch path's _injective_bwd): from C_q, C_k (n x m),
+ * M (m x m), V (n x dc) and g = dL/dout (n x dc) it recomputes the forward's intermediates (centred keys D,
+ * T = M^T cov(C_q) M, s = (diag(D T D^T) + eps)^(-1/2), E = D^T (contrast s * V), core = M E) and writes
+ * dcq, dck (n x m), dM (m x m), dv (n x dc) and *dmean, the gradient of the mean(V) term's weight. */
+static int injective_grad_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, const TYPE *g,
+                              TYPE *dcq, TYPE *dck, TYPE *dM, TYPE *dv, TYPE *dmean, int64_t n, int64_t m,
+                              int64_t dc, TYPE norm_eps, TYPE contrast, TYPE mean_w) {
+    const int64_t size = 7 * m * m + 2 * m + 4 * n * m + 2 * n * dc + 5 * m * dc + m * m + 3 * n + 2 * dc;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
+    if (!buf) return 1;
+    TYPE *cov = buf, *cm = cov + m * m, *T = cm + m * m, *dT = T + m * m, *dcov = dT + m * m, *t1 = dcov + m * m;
+    TYPE *t2 = t1 + m * m, *mu = t2 + m * m, *muk = mu + m, *cc = muk + m, *D = cc + n * m, *DT = D + n * m;
+    TYPE *dD = DT + n * m, *sv = dD + n * m, *dyv = sv + n * dc, *E = dyv + n * dc, *core = E + m * dc;
+    TYPE *dcore = core + m * dc, *dE = dcore + m * dc, *s = dE + m * dc, *var = s + n, *dvar = var + n;
+    TYPE *gsum = dvar + n, *mv = gsum + dc, *bt = mv + dc;      /* bt: scratch of mmt, m (m + dc) */
+    /* forward intermediates */
+    injective_stats_SFX(cq, ck, M, v, mu, cc, cov, cm, T, muk, D, mv, n, n, m, dc);
+    mm_SFX(D, T, DT, n, m, m);
+    for (int64_t j = 0; j < n; ++j) {
+        TYPE acc = 0;
+        for (int64_t a = 0; a < m; ++a) acc += DT[j * m + a] * D[j * m + a];
+        var[j] = acc;
+        s[j] = (TYPE)1 / SQRTFN((acc > 0 ? acc : 0) + norm_eps);
+        for (int64_t c = 0; c < dc; ++c) sv[j * dc + c] = contrast * s[j] * v[j * dc + c];
+    }
+    mtm_SFX(D, sv, E, n, m, dc);
+    mm_SFX(M, E, core, m, m, dc);
+    /* backward */
+    mtm_SFX(cq, g, dcore, n, m, dc);               /* dcore = C_q^T g */
+    mmt_SFX(g, core, dcq, n, dc, m, bt);               /* dC_q = g core^T (+ the covariance part below) */
+    mmt_SFX(dcore, E, dM, m, dc, m, bt);              /* dM = dcore E^T (+ the T part below) */
+    mtm_SFX(M, dcore, dE, m, m, dc);               /* dE = M^T dcore */
+    mm_SFX(D, dE, dyv, n, m, dc);                  /* d(s V) = D dE */
+    column_sum_SFX(g, gsum, n, dc);
+    TYPE dw = 0;
+    for (int64_t c = 0; c < dc; ++c) dw += gsum[c] * mv[c];
+    *dmean = dw;
+    for (int64_t j = 0; j < n; ++j) {
+        TYPE ds = 0;
+        for (int64_t c = 0; c < dc; ++c) {
+            dv[j * dc + c] = contrast * s[j] * dyv[j * dc + c] + mean_w * gsum[c] / (TYPE)n;
+            ds += dyv[j * dc + c] * v[j * dc + c];
+        }
+        dvar[j] = var[j] >= 0 ? contrast * ds * (TYPE)-0.5 * s[j] * s[j] * s[j] : 0;   /* clamp_min(0) */
+    }
+    mmt_SFX(sv, dE, dD, n, dc, m, bt);               /* dD = (s V) dE^T + 2 dvar * D T */
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t a = 0; a < m; ++a) {
+            dD[j * m + a] += (TYPE)2 * dvar[j] * DT[j * m + a];
+            DT[j * m + a] = dvar[j] * D[j * m + a];      /* DT is free now: dvar * D */
+        }
+    mtm_SFX(D, DT, dT, n, m, m);                   /* dT = D^T (dvar * D) */
+    mm_SFX(M, dT, t1, m, m, m);                    /* M dT */
+    mm_SFX(cov, t1, t2, m, m, m);
+    for (int64_t e = 0; e < m * m; ++e) dM[e] += (TYPE)2 * t2[e];
+    mmt_SFX(t1, M, dcov, m, m, m, bt);               /* dcov = M dT M^T */
+    mm_SFX(cc, dcov, D, n, m, m);                  /* D is free now: dcc = 2/n cc dcov, then centred */
+    for (int64_t e = 0; e < n * m; ++e) D[e] *= (TYPE)2 / (TYPE)n;
+    column_mean_SFX(D, mu, n, m);
+    column_mean_SFX(dD, muk, n, m);
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t a = 0; a < m; ++a) {
+            dcq[i * m + a] += D[i * m + a] - mu[a];
+            dck[i * m + a] = dD[i * m + a] - muk[a];
+        }
+    free(buf);
+    return 0;
+}
+
+/* The backward of vitmix_laplacian_mix with `save`: from the qkv output y (B, n, 3C), gout = dL/dout (B, n, C),
+ * the conv taps conv_w (C, ksize^2), the mean weights mean_w (heads) or NULL (1) and saved (B heads,
+ * 2 n m + m^2), writes dy (B, n, 3C) (every element) and per slice dconv_w (B heads, d, ksize^2), dconv_b
+ * (B heads, d) and dmean (B heads): the caller sums those over the batch. Returns the number of slices that
+ * ran out of memory. */
+int64_t vitmix_laplacian_mix_backward_SFX(const TYPE *y, const TYPE *gout, const TYPE *conv_w, const TYPE *mean_w,
+                                          const TYPE *saved, TYPE *dy, TYPE *dconv_w, TYPE *dconv_b, TYPE *dmean,
+                                          int64_t B, int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads,
+                                          int64_t d, int64_t mh, int64_t mw, TYPE scale, TYPE norm_eps, TYPE contrast,
+                                          int64_t ksize, int nthreads) {
+    const int64_t C = heads * d, m = mh * mw, mk = (m + FJB - 1) / FJB * FJB, taps = ksize * ksize;
+    int64_t failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
+    for (int64_t sl = 0; sl < B * heads; ++sl) {
+        const int64_t b = sl / heads, h = sl % heads;
+        const int64_t size = 7 * n * d + 4 * m * d + 4 * m * m + 2 * n * m + d * mk;
+        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
+        if (!buf) { failed += 1; continue; }
+        TYPE *q = buf, *k = q + n * d, *v = k + n * d, *g = v + n * d, *dq = g + n * d, *dk = dq + n * d;
+        TYPE *dv = dk + n * d, *lq = dv + n * d, *lk = lq + m * d, *dlq = lk + m * d, *dlk = dlq + m * d;
+        TYPE *w = dlk + m * d, *dW = w + m * m, *dM = dW + m * m, *dcq = dM + m * m, *dck = dcq + n * m;
+        TYPE *lkt = dck + n * m, *bt = lkt + d * mk;
+        const TYPE *cq = saved + sl * (2 * n * m + m * m), *ck = cq + n * m, *M = ck + n * m;
+        gather_head_SFX(y, q, b, n, 3 * C, h * d, d, 1);
+        gather_head_SFX(y, k, b, n, 3 * C, C + h * d, d, 1);
+        gather_head_SFX(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
+        gather_head_SFX(gout, g, b, n, C, h * d, d, 1);
+        pool_grid_SFX(q + prefix * d, lq, H, W, mh, mw, d, 0);
+        pool_grid_SFX(k + prefix * d, lk, H, W, mh, mw, d, 0);
+        int err = injective_grad_SFX(cq, ck, M, v, g, dcq, dck, dM, dv, dmean + sl, n, m, d, norm_eps, contrast,
+                                     mean_w ? mean_w[h] : (TYPE)1);
+        if (!err) {
+            mtm_SFX(M, dM, w, m, m, m);                /* dW = -M^T dM M^T (w holds M^T dM for now) */
+            mmt_SFX(w, M, dW, m, m, m, bt);
+            for (int64_t e = 0; e < m * m; ++e) dW[e] = -dW[e];
+            transpose_pad_SFX(lk, lkt, m, mk, d);      /* W = k(L_q, L_k) again, as the forward computed it */
+            kernel_matrix_SFX(lq, lkt, w, m, m, mk, d, 1, scale);
+            memset(dq, 0, sizeof(TYPE) * (size_t)(2 * n * d));
+            memset(dlq, 0, sizeof(TYPE) * (size_t)(2 * m * d));
+            l1_kernel_grad_SFX(q, lk, cq, dcq, dq, dlk, dcq, n, m, d, scale);     /* P overwrites dK */
+            l1_kernel_grad_SFX(k, lq, ck, dck, dk, dlq, dck, n, m, d, scale);
+            l1_kernel_grad_SFX(lq, lk, w, dW, dlq, dlk, dW, m, m, d, scale);
+            pool_grid_grad_SFX(dlq, dq + prefix * d, H, W, mh, mw, d);
+            pool_grid_grad_SFX(dlk, dk + prefix * d, H, W, mh, mw, d);
+            if (ksize > 0)
+                err = local_conv_grad_SFX(v + prefix * d, g + prefix * d, conv_w + h * d * taps, dv + prefix * d,
+                                          dconv_w + sl * d * taps, dconv_b + sl * d, H, W, d, ksize);
+        }
+        if (!err) {
+            TYPE *yb = dy + b * n * 3 * C;
+            for (int64_t i = 0; i < n; ++i) {
+                memcpy(yb + i * 3 * C + h * d, dq + i * d, sizeof(TYPE) * (size_t)d);
+                memcpy(yb + i * 3 * C + C + h * d, dk + i * d, sizeof(TYPE) * (size_t)d);
+                memcpy(yb + i * 3 * C + 2 * C + h * d, dv + i * d, sizeof(TYPE) * (size_t)d);
+            }
+        }
+        failed += err;
+        free(buf);
+    }
+    return failed;
+}
+"""
+
+
+def declare(lib, real, sfx: str) -> None:
+    """``argtypes`` of the backward entry point for one dtype (called by :mod:`.c`'s declaration)."""
+    fn = getattr(lib, f"vitmix_laplacian_mix_backward_{sfx}")
+    fn.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 9 + [real, real, real, ctypes.c_int64, ctypes.c_int]
+    fn.restype = ctypes.c_int64
+
+
+__all__ = ["GRAD_BODY", "declare"]
