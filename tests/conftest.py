@@ -107,7 +107,7 @@ def c_calls(monkeypatch):
 
     if nystrom_c.NYSTROM_KERNEL.load() is None:
         pytest.fail("no C compiler: the fused Nyström C forward could not be built (install cc/gcc)")
-    counts = {"fused": 0, "layer": 0, "train": 0, "soft": 0}
+    counts = {"fused": 0, "layer": 0, "train": 0, "soft": 0, "soft_train": 0}
 
     def spy(name: str, key: str, module=nystrom_c) -> None:
         real = getattr(module, name)
@@ -121,4 +121,5 @@ def c_calls(monkeypatch):
     spy("laplacian_mix", "layer")
     spy("laplacian_mix_train", "train", c_grad)
     spy("soft_mix", "soft")
+    spy("soft_mix_train", "soft_train", c_grad)
     return counts

@@ -153,13 +153,13 @@ def _assert_matches(got, want, rtol):
 
 @contextlib.contextmanager
 def _composed_eager(model):
-    """Eager training with LaplacianFormer's one-call C path off: the composed ops the compiled graph runs.
-    The two agree to float32 rounding (tests/mixers/test_laplacian.py), but the untrained pyramid's
-    ill-conditioned landmark kernels amplify rounding to ~0.4 % of some gradients in either path (its
-    stage-3 layer against float64), so a compiled graph is compared with the same arithmetic."""
-    from vitmix.mixers.laplacian import LaplacianAttention
+    """Eager training with the landmark mixers' one-call C paths (LaplacianFormer, SOFT) off: the composed ops
+    the compiled graph runs. The two agree to float32 rounding (tests/mixers/test_laplacian.py, test_soft.py),
+    but the untrained pyramid's ill-conditioned landmark kernels amplify rounding to ~0.4 % of some gradients in
+    either path (its stage-3 layer against float64), so a compiled graph is compared with the same arithmetic."""
+    from vitmix.mixers.landmark import LandmarkMixer
 
-    layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
+    layers = [m for m in model.modules() if isinstance(m, LandmarkMixer)]
     for layer in layers:
         layer._fused = lambda *args: None
     try:

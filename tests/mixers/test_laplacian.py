@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _c_paths import assert_training_falls_back, assert_training_matches_composed, use_composed
 from _memory import peak_memory_mib
 from timm.models.vision_transformer import VisionTransformer
 
@@ -122,10 +123,6 @@ def test_inference_in_one_c_call_matches_dense_reference(c_calls, batch, prefix,
     torch.testing.assert_close(out, laplacian_reference(layer, x, prefix, H, W), rtol=1e-8, atol=1e-9)
 
 
-def _composed(monkeypatch, layer):
-    """Turn the layer's C paths off: what runs is the composition of torch ops and vitmix.ops (the reference)."""
-    monkeypatch.setattr(layer, "_fused", lambda *args: None)
-
 
 @pytest.mark.parametrize("opts", [{}, {"norm_scale": "sqrt"}, {"conv_kernel": 0}, {"num_landmarks": 9},
                                   {"mean_weight": None}])
@@ -140,7 +137,7 @@ def test_inference_in_one_c_call_matches_the_composed_path_float32(c_calls, monk
     with torch.no_grad():
         fused = layer(x)
     assert c_calls["layer"] == 1
-    _composed(monkeypatch, layer)
+    use_composed(monkeypatch, layer)
     with torch.no_grad():
         composed = layer(x)
     assert c_calls["layer"] == 1
@@ -159,13 +156,6 @@ TRAIN_CASES = [  # (batch, prefix, H, W, dim, heads, options): odd grids, head d
 ]
 
 
-def _train_grads(layer, x, hw, prefix):
-    x = x.clone().requires_grad_(True)
-    layer.zero_grad()
-    out = layer(x, hw=hw, num_prefix_tokens=prefix)
-    (out.pow(2).sum() + out.sum()).backward()
-    return [out.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
-
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("batch,prefix,H,W,dim,heads,opts", TRAIN_CASES)
@@ -178,15 +168,7 @@ def test_training_in_one_c_call_each_way_matches_the_composed_path(c_calls, monk
     torch.manual_seed(5)
     layer = _make(dim, heads, **opts).to(dtype)
     x = torch.randn(batch, prefix + H * W, dim, dtype=dtype)
-    fused = _train_grads(layer, x, (H, W), prefix)
-    assert c_calls["train"] == 1
-    _composed(monkeypatch, layer)
-    ref = _train_grads(layer, x, (H, W), prefix)
-    assert c_calls["train"] == 1
-    assert len(fused) == len(ref) == 2 + len(list(layer.parameters()))
-    bound = 1e-11 if dtype == torch.float64 else 2e-5
-    for a, b in zip(fused, ref):
-        torch.testing.assert_close(a, b, rtol=bound, atol=bound * b.abs().max().item())
+    assert_training_matches_composed(c_calls, monkeypatch, layer, x, (H, W), prefix, "train")
 
 
 def test_training_c_function_passes_gradcheck():
@@ -212,21 +194,10 @@ def test_training_c_function_passes_gradcheck():
 
 
 def test_training_without_the_library_runs_the_composed_path(c_calls, monkeypatch):
-    """Fallback: where the C library is unavailable (no compiler, VITMIX_DISABLE_C_KERNEL) training runs the
-    composed path and gives exactly its numbers."""
-    from vitmix.ops.nystrom import c as nystrom_c
-
+    """Fallback: where the C library is unavailable training runs the composed path, exactly its numbers."""
     torch.manual_seed(6)
-    layer = _make(48, 3)
-    x = torch.randn(2, 1 + 36, 48, dtype=torch.float64)
-    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_lib", None)
-    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_tried", True)
-    without = _train_grads(layer, x, (6, 6), 1)
-    assert c_calls["train"] == 0
-    _composed(monkeypatch, layer)
-    ref = _train_grads(layer, x, (6, 6), 1)
-    for a, b in zip(without, ref):
-        assert torch.equal(a, b)
+    assert_training_falls_back(c_calls, monkeypatch, _make(48, 3), torch.randn(2, 1 + 36, 48, dtype=torch.float64),
+                               (6, 6), 1, "train")
 
 
 def test_structure_and_defaults():

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _c_paths import assert_training_falls_back, assert_training_matches_composed, use_composed
 from _memory import peak_memory_mib
 
 import vitmix  # noqa: F401
@@ -127,11 +128,11 @@ def test_inference_in_one_c_call_matches_dense_reference(c_calls, name, batch, p
 @pytest.mark.parametrize("opts", [{}, {"landmarks": "avgpool"}, {"conv_kernel": 0}, {"preset": "official"},
                                   {"conv_kernel": 5, "num_landmarks": 9}])
 @pytest.mark.parametrize("batch,prefix,hw", [(1, 1, (14, 14)), (3, 4, (7, 9))])
-def test_inference_in_one_c_call_matches_the_composed_path(c_calls, name, opts, batch, prefix, hw):
+def test_inference_in_one_c_call_matches_the_composed_path(c_calls, monkeypatch, name, opts, batch, prefix, hw):
     """Defaults (adaptive pooling before the landmark conv), average pooling, presets and odd grids with
-    registers, against the composed path that runs when gradients are needed: float64 to 1e-12 of the
-    scale, float32 to 2e-5 (kernels summed directly vs the GEMM expansion; measured ≤ 5.7e-6). The
-    official SOFT-Norm uses the legacy inverse, which has no C form: composed, counted 0."""
+    registers, against the composed path (the layer's C paths off): float64 to 1e-12 of the scale, float32
+    to 2e-5 (kernels summed directly vs the GEMM expansion; measured ≤ 5.7e-6). The official SOFT-Norm uses
+    the legacy inverse, which has no C form: composed, counted 0."""
     torch.manual_seed(5)
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
         layer = mixers.create(name, 64, 2, hw=hw, num_prefix_tokens=prefix, **opts).to(dtype).eval()
@@ -139,7 +140,9 @@ def test_inference_in_one_c_call_matches_the_composed_path(c_calls, name, opts, 
             for p in layer.parameters():
                 p.add_(0.1 * torch.randn_like(p))
         x = torch.randn(batch, prefix + hw[0] * hw[1], 64, dtype=dtype)
-        composed = layer(x).detach()
+        with monkeypatch.context() as patch, torch.no_grad():
+            use_composed(patch, layer)
+            composed = layer(x)
         before = c_calls["soft"]
         with torch.no_grad():
             fused = layer(x)
@@ -147,6 +150,80 @@ def test_inference_in_one_c_call_matches_the_composed_path(c_calls, name, opts, 
         assert c_calls["soft"] == before + (0 if legacy else 1)
         scale = composed.abs().max().item()
         torch.testing.assert_close(fused, composed, rtol=tol, atol=tol * scale)
+
+
+
+TRAIN_CASES = [  # (name, batch, prefix, H, W, dim, heads, options): odd grids, head dims on and off the vector width
+    ("soft", 2, 1, 8, 8, 64, 2, {}),                                                 # the demo's grid: 16 landmarks
+    ("soft", 1, 0, 6, 10, 48, 3, {}),
+    ("soft", 3, 2, 7, 5, 36, 3, {"num_landmarks": (3, 2)}),                          # head dim 12: channel tail
+    ("soft", 2, 1, 9, 9, 40, 2, {"conv_kernel": 5, "newton_alpha": "official"}),     # head dim 20
+    ("soft", 2, 1, 7, 7, 48, 3, {"landmarks": "avgpool", "num_landmarks": 4}),       # adaptive windows
+    ("soft", 2, 1, 14, 14, 64, 2, {"preset": "official", "landmark_stride": 4}),     # floored remainder
+    ("soft_norm", 2, 1, 8, 8, 64, 2, {}),
+    ("soft_norm", 2, 0, 6, 6, 48, 3, {"landmarks": "avgpool", "conv_kernel": 0}),   # stride tiles
+    ("soft_norm", 1, 1, 14, 14, 64, 2, {"conv_kernel": 9}),
+]
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name,batch,prefix,H,W,dim,heads,opts", TRAIN_CASES)
+def test_training_in_one_c_call_each_way_matches_the_composed_path(c_calls, monkeypatch, dtype, name, batch, prefix,
+                                                                    H, W, dim, heads, opts):
+    """With gradients the layer's token mixing is one C call forward and one backward
+    (:func:`vitmix.ops.nystrom.c_grad.soft_mix_train`); output and every gradient (input, W_q, W_v, landmark
+    conv, LayerNorm, local filter, ff) match the composed path. float64: measured ≤ 1.2e-14 of each tensor's
+    scale, bound 1e-11. float32: ≤ 3.2e-6, bound 2e-5 (sums in another order, amplified by Newton–Schulz)."""
+    torch.manual_seed(5)
+    layer = mixers.create(name, dim, heads, **opts).to(dtype)
+    with torch.no_grad():               # off the initial values (LayerNorm's affine at 1 and 0, filter at 0)
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(batch, prefix + H * W, dim, dtype=dtype)
+    assert_training_matches_composed(c_calls, monkeypatch, layer, x, (H, W), prefix, "soft_train")
+
+
+@pytest.mark.parametrize("normalization,conv_landmarks,pool_first", [(None, True, True), ("soft_norm", True, False),
+                                                                     (None, False, False), ("soft_norm", False, True)])
+def test_training_c_function_passes_gradcheck(normalization, conv_landmarks, pool_first):
+    """float64 gradcheck of the C forward/backward pair against finite differences, for both landmark modules
+    and both grid rules. The backward is the implicit inverse derivative, exact where Newton–Schulz has
+    converged: 60 steps here."""
+    from vitmix.ops.nystrom.c_grad import soft_mix_train
+
+    torch.manual_seed(0)
+    b, prefix, h, w, heads, d, s = 2, 1, 5, 4, 2, 3, 2
+    c = heads * d
+
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, dtype=torch.float64)).requires_grad_(True)
+    qp, vp = rand(b, prefix + h * w, c, scale=0.7), rand(b, prefix + h * w, c)
+    lm_w, ln_w, ln_b = rand(d, d, s, s, scale=0.4), rand(d), rand(d, scale=0.2)
+    conv_w = rand(heads, 1, 3, 3, scale=0.3)
+    inputs = (qp, vp, lm_w, ln_w, ln_b, conv_w) if conv_landmarks else (qp, vp, conv_w)
+
+    def fn(*args):
+        if conv_landmarks:
+            q, v, lw, nw, nb, cw = args
+            lm, norm = lw, (nw, nb, 1e-5)
+        else:
+            (q, v, cw), lm, norm = args, None, None
+        return soft_mix_train(q, v, lm, norm, cw, grid=(prefix, h, w), heads=heads, landmarks=(2, 2), stride=s,
+                              pool_first=pool_first, scale=0.8, eps=0.1, iters=60, alpha="safe",
+                              normalization=normalization)
+
+    assert fn(*inputs) is not None
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["soft", "soft_norm"])
+def test_training_without_the_library_runs_the_composed_path(c_calls, monkeypatch, name):
+    """Fallback: where the C library is unavailable training runs the composed path, exactly its numbers."""
+    torch.manual_seed(6)
+    layer = mixers.create(name, 48, 3).double()
+    assert_training_falls_back(c_calls, monkeypatch, layer, torch.randn(2, 1 + 36, 48, dtype=torch.float64), (6, 6),
+                               1, "soft_train")
 
 
 def test_official_structure_tied_qk_and_per_head_conv():

@@ -74,11 +74,6 @@ class LandmarkMixer(TokenMixer):
         """Whether autograd records this forward (the input or a parameter needs a gradient)."""
         return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
 
-    def _eager_cpu_inference(self, x: torch.Tensor) -> bool:
-        """:meth:`_eager_cpu` where nothing needs a gradient (``no_grad``/``inference_mode``, or a frozen layer
-        and input): the condition of the inference-only C paths (``_fused_inference`` of SOFT)."""
-        return self._eager_cpu(x) and not self._needs_grad(x)
-
     def landmark_count(self, h: int, w: int) -> Tuple[int, int]:
         """The ``(mh, mw)`` landmark grid used on an ``h×w`` token grid (``ValueError`` if none fits).
 

@@ -302,13 +302,14 @@ class SoftAttention(LandmarkMixer):
         return conv + nystrom_flops(n, m, d, self.newton_iters, tied=True, normalization=self.normalization,
                                     inverse=self.inverse)
 
-    def _fused_inference(self, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
-        """The token mixing before ``ff`` as one C call (:func:`vitmix.ops.nystrom.c.soft_mix`) where nothing
-        needs a gradient, on CPU in float32/float64, with the Newton–Schulz inverse (not the legacy one)
-        and the official landmark module (strided conv, LayerNorm, exact GELU) or average pooling; ``None``
-        otherwise. At batch 1 the composed path's small ops (two mkldnn convs per layer among them) cost
+    def _fused(self, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
+        """The token mixing before ``ff`` as one C call (:func:`vitmix.ops.nystrom.c.soft_mix`), with a C backward
+        (:func:`vitmix.ops.nystrom.c_grad.soft_mix_train`) when autograd records, on CPU in float32/float64, with the
+        Newton–Schulz inverse (not the legacy one) and the official landmark module (strided conv, LayerNorm,
+        exact GELU) or average pooling; ``None`` otherwise (the composed path, :meth:`_composed`, runs). At small
+        widths the composed path's small ops (two mkldnn convs per layer among them, forward and backward) cost
         more than their arithmetic."""
-        if self.inverse != "newton" or not self._eager_cpu_inference(x):
+        if self.inverse != "newton" or not self._eager_cpu(x):
             return None
         conv_lm = self.landmarks == "conv"
         if conv_lm:     # the official module: LayerNorm with affine, exact GELU (replaced modules: composed)
@@ -316,32 +317,35 @@ class SoftAttention(LandmarkMixer):
             if not (isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None
                     and isinstance(act, nn.GELU) and act.approximate == "none"):
                 return None
-        from ..ops.nystrom.c import MAX_LANDMARKS, soft_mix
+        from ..ops.nystrom import c, c_grad
 
         prefix, h, w = grid
         mh, mw = self.landmark_count(h, w)
         s = self.landmark_stride
-        if mh * mw > MAX_LANDMARKS:
+        if mh * mw > c.MAX_LANDMARKS:
             return None
-
-        pool_first = self.landmark_hw is not None and (mh * s, mw * s) != (h, w)
-        return soft_mix(
+        mix = c_grad.soft_mix_train if self._needs_grad(x) else c.soft_mix
+        return mix(
             self.W_q(x), self.W_v(x), self.Qlandmark_op.weight if conv_lm else None,
-            self.Qnorm_act[0] if conv_lm else None, self.conv.weight if self.conv_kernel else None, grid=grid,
-            heads=self.num_heads, landmarks=(mh, mw), stride=s, pool_first=pool_first, scale=self.scale,
+            (norm.weight, norm.bias, norm.eps) if conv_lm else None, self.conv.weight if self.conv_kernel else None,
+            grid=grid, heads=self.num_heads, landmarks=(mh, mw), stride=s,
+            pool_first=self.landmark_hw is not None and (mh * s, mw * s) != (h, w), scale=self.scale,
             eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, normalization=self.normalization)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
-        fused = self._fused_inference(x, grid)
-        if fused is not None:
-            return self.proj_drop(self.ff(fused))
+        fused = self._fused(x, grid)
+        return self.proj_drop(self.ff(fused if fused is not None else self._composed(x, grid)))
+
+    def _composed(self, x: torch.Tensor, grid) -> torch.Tensor:
+        """The token mixing before ``ff`` as a composition of torch ops and :mod:`vitmix.ops` (every option, device
+        and dtype; the reference of the C paths)."""
         prefix, h, w = grid
         q, v = self._qv(x)
         lm = self._landmarks(q, grid)
         out = self._attend(q, v, lm)
         if self.conv_kernel:
             out = add_to_grid(out, head_conv(self.conv, v, prefix, h, w).to(out.dtype), prefix)
-        return self.proj_drop(self.ff(merge_heads(out)))
+        return merge_heads(out)
 
     def _kernel_weights(self, x, grid, values):
         q, _ = self._qv(x)

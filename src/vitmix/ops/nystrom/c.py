@@ -1,4 +1,5 @@
-"""Nyström attention's whole forward in one C call on CPU (inference; LaplacianFormer's training forward; private).
+"""Nyström attention's whole forward in one C call on CPU (inference; the training forwards of LaplacianFormer's
+and SOFT's layers; private).
 
 At batch 1 a SOFT or LaplacianFormer layer's core is ~40 small torch ops (three kernel matrices, the
 Newton–Schulz start and loop, the normaliser's products), each costing more in dispatch than in
@@ -11,7 +12,8 @@ work item per (batch, head) slice computes, in cache-resident buffers,
     :mod:`vitmix.ops.nystrom`: centred keys D, T = Mᵀ cov(C_q) M, s = (diag(D T Dᵀ) + ε)^(-1/2),
     out = C_q M Dᵀ (s ⊙ V) + mean(V))
 
-with no autograd (LaplacianFormer's layer pairs ``laplacian_mix`` with the C backward of :mod:`.c_grad`):
+with no autograd (LaplacianFormer's and SOFT's layers pair ``laplacian_mix`` and ``soft_mix`` with the C
+backwards of :mod:`.c_grad`):
 :func:`vitmix.ops.nystrom_attention` uses it only when no input needs a gradient
 (``torch.no_grad()``, ``model.eval()`` inference), and falls back to its composition of ops wherever this
 does not apply (no compiler, other devices or dtypes, ``inverse="exact"``, the Cholesky-tested
@@ -267,8 +269,20 @@ static int injective_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TY
     return 0;
 }
 
-/* One (batch, head) slice: kernels, inverse, normalisation. With `save` (untied only) C_q, C_k and M are
- * copied there, (n + nk) x m then m x m, for the training backward. Returns nonzero when out of memory. */
+/* SOFT-Norm: M <- D^(-1/2) M D^(-1/2) with D the row sums of the landmark kernel w; r (m) keeps D^(-1/2) */
+static void soft_norm_SFX(const TYPE *w, TYPE *M, TYPE *r, int64_t m) {
+    for (int64_t a = 0; a < m; ++a) {
+        TYPE rs = 0;
+        for (int64_t b = 0; b < m; ++b) rs += w[a * m + b];
+        r[a] = (TYPE)1 / SQRTFN(rs);
+    }
+    for (int64_t a = 0; a < m; ++a)
+        for (int64_t b = 0; b < m; ++b) M[a * m + b] *= r[a] * r[b];
+}
+
+/* One (batch, head) slice: kernels, inverse, normalisation. With `save` C_q, C_k (untied only) and M (before
+ * SOFT-Norm's scaling) are copied there, (n + nk) x m (tied: n x m) then m x m, for the training backwards.
+ * Returns nonzero when out of memory. */
 static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq, const TYPE *lk, TYPE *out,
                      int64_t n, int64_t nk, int64_t m, int64_t d, int64_t dv, int kind, TYPE scale, int tied,
                      TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps, TYPE contrast, TYPE mean_w,
@@ -288,22 +302,15 @@ static int slice_SFX(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *lq
     }
     kernel_matrix_SFX(lq, lkt, w, m, m, mk, d, kind, scale);
     err = newton_SFX(w, M, m, eps, iters, rule);
-    if (!err && save && !tied) {
-        memcpy(save, cq, sizeof(TYPE) * (size_t)((n + nk) * m));      /* cq and ck are adjacent in buf */
-        memcpy(save + (n + nk) * m, M, sizeof(TYPE) * (size_t)(m * m));
+    if (!err && save) {
+        const int64_t rows = tied ? n : n + nk;       /* cq and ck are adjacent in buf */
+        memcpy(save, cq, sizeof(TYPE) * (size_t)(rows * m));
+        memcpy(save + rows * m, M, sizeof(TYPE) * (size_t)(m * m));
     }
     if (!err && norm == 2) {
         err = injective_SFX(cq, ck, M, v, out, n, nk, m, dv, norm_eps, contrast, mean_w);
     } else if (!err) {
-        if (norm == 1) {                           /* SOFT-Norm: D^(-1/2) M D^(-1/2), D = row sums of W */
-            for (int64_t a = 0; a < m; ++a) {
-                TYPE r = 0;
-                for (int64_t b = 0; b < m; ++b) r += w[a * m + b];
-                kv[a] = (TYPE)1 / SQRTFN(r);
-            }
-            for (int64_t a = 0; a < m; ++a)
-                for (int64_t b = 0; b < m; ++b) M[a * m + b] *= kv[a] * kv[b];
-        }
+        if (norm == 1) soft_norm_SFX(w, M, kv, m);
         mtm_SFX(ck, v, kv, nk, m, dv);             /* C_k^T V */
         mm_SFX(M, kv, core, m, m, dv);
         mm_SFX(cq, core, out, n, m, dv);
@@ -431,66 +438,106 @@ int64_t vitmix_laplacian_mix_SFX(const TYPE *y, const TYPE *conv_w, const TYPE *
     return failed;
 }
 
-/* SOFT's whole token mixing for inference, per (batch, head) slice, from its projections qp = W_q x and
- * vp = W_v x (B, n, C): queries q = scale * qp; landmarks from the grid queries, either (lm_w != NULL,
- * "conv") a stride x stride stride-s convolution lm_w (d, d, s, s) of the grid (first adaptively pooled to
- * mh s x mw s when `pool_first`), then LayerNorm(d) (ln_w, ln_b, ln_eps) and GELU (erf form), or
- * ("avgpool") window means (adaptive when `pool_first`, else s x s tiles); the tied Gaussian kernels,
- * Newton-Schulz (rule), SOFT-Norm when norm == 1, plus the per-head ksize x ksize filter conv_w (heads,
- * ksize^2) shared by the head's d channels on the grid values. out (B, n, C) with heads merged. */
-int64_t vitmix_soft_mix_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, const TYPE *ln_w, const TYPE *ln_b,
-                            TYPE ln_eps, const TYPE *conv_w, TYPE *out, int64_t B, int64_t n, int64_t prefix, int64_t H,
-                            int64_t W, int64_t heads, int64_t d, int64_t mh, int64_t mw, int64_t s, int pool_first,
-                            TYPE scale, TYPE eps, int64_t iters, int rule, int norm, int64_t ksize, int nthreads) {
-    const int64_t C = heads * d, m = mh * mw, gh = mh * s, gw = mw * s;
-    int64_t failed = 0;
-    TYPE *lmt = NULL;                                  /* the landmark conv's taps as (s, s, d_in, d_out) */
-    if (lm_w) {
-        lmt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(s * s * d * d));
-        if (!lmt) return B * heads;
+/* the grid SOFT's landmark conv reads, g (gh x gw, d), from the H x W grid rows of q: adaptively pooled to
+ * gh x gw when `pool_first`, else its top-left gh x gw cells (the strided conv drops the remainder) */
+static void soft_conv_grid_SFX(const TYPE *q, TYPE *g, int64_t H, int64_t W, int64_t gh, int64_t gw, int64_t d,
+                               int pool_first) {
+    if (pool_first) {
+        pool_grid_SFX(q, g, H, W, gh, gw, d, 0);
+    } else {
+        for (int64_t r = 0; r < gh; ++r) memcpy(g + r * gw * d, q + r * W * d, sizeof(TYPE) * (size_t)(gw * d));
+    }
+}
+
+/* the landmark conv's weight lm_w (d_out, d_in, s, s) as taps (s, s, d_in, d_out), so that the inner loops
+ * run over contiguous output channels (malloc'd; NULL when out of memory) */
+static TYPE *soft_conv_taps_SFX(const TYPE *lm_w, int64_t s, int64_t d) {
+    TYPE *lmt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(s * s * d * d));
+    if (lmt)
         for (int64_t co = 0; co < d; ++co)
             for (int64_t ci = 0; ci < d; ++ci)
                 for (int64_t t = 0; t < s * s; ++t) lmt[(t * d + ci) * d + co] = lm_w[(co * d + ci) * s * s + t];
+    return lmt;
+}
+
+/* z (mh mw, d) = the stride-s s x s conv of g (mh s x mw s, d) with taps lmt (s, s, d_in, d_out) */
+static void soft_landmark_conv_SFX(const TYPE *g, const TYPE *lmt, TYPE *z, int64_t mh, int64_t mw, int64_t s,
+                                   int64_t d) {
+    const int64_t gw = mw * s;
+    for (int64_t a = 0; a < mh; ++a)
+        for (int64_t bb = 0; bb < mw; ++bb) {
+            TYPE *restrict zj = z + (a * mw + bb) * d;
+            for (int64_t co = 0; co < d; ++co) zj[co] = 0;
+            for (int64_t dy = 0; dy < s; ++dy)        /* inner loop over output channels: contiguous */
+                for (int64_t dx = 0; dx < s; ++dx)
+                    for (int64_t ci = 0; ci < d; ++ci) {
+                        const TYPE gv = g[((a * s + dy) * gw + bb * s + dx) * d + ci];
+                        const TYPE *restrict wk = lmt + ((dy * s + dx) * d + ci) * d;
+                        for (int64_t co = 0; co < d; ++co) zj[co] += wk[co] * gv;
+                    }
+        }
+}
+
+/* row j of z (m, d): its LayerNorm's normalised values xhat (d) and returns 1 / sqrt(var + eps) */
+static TYPE layer_norm_row_SFX(const TYPE *zj, TYPE *xhat, int64_t d, TYPE ln_eps) {
+    TYPE mean = 0, var = 0;
+    for (int64_t c = 0; c < d; ++c) mean += zj[c];
+    mean /= (TYPE)d;
+    for (int64_t c = 0; c < d; ++c) var += (zj[c] - mean) * (zj[c] - mean);
+    const TYPE inv = (TYPE)1 / SQRTFN(var / (TYPE)d + ln_eps);
+    for (int64_t c = 0; c < d; ++c) xhat[c] = (zj[c] - mean) * inv;
+    return inv;
+}
+
+/* lm (m, d) = GELU(LayerNorm(z)) with the norm's affine ln_w, ln_b (GELU's erf form) */
+static void ln_gelu_SFX(const TYPE *z, TYPE *lm, const TYPE *ln_w, const TYPE *ln_b, TYPE ln_eps, int64_t m,
+                        int64_t d) {
+    for (int64_t j = 0; j < m; ++j) {
+        TYPE *lj = lm + j * d;
+        layer_norm_row_SFX(z + j * d, lj, d, ln_eps);
+        for (int64_t c = 0; c < d; ++c) {
+            const TYPE t = lj[c] * ln_w[c] + ln_b[c];
+            lj[c] = (TYPE)0.5 * t * ((TYPE)1 + ERFFN(t * (TYPE)0.70710678118654752440));
+        }
     }
+}
+
+/* SOFT's whole token mixing, per (batch, head) slice, from its projections qp = W_q x and vp = W_v x
+ * (B, n, C): queries q = scale * qp; landmarks from the grid queries, either (lm_w != NULL, "conv") a
+ * stride x stride stride-s convolution lm_w (d, d, s, s) of the grid (first adaptively pooled to
+ * mh s x mw s when `pool_first`), then LayerNorm(d) (ln_w, ln_b, ln_eps) and GELU (erf form), or
+ * ("avgpool") window means (adaptive when `pool_first`, else s x s tiles); the tied Gaussian kernels,
+ * Newton-Schulz (rule), SOFT-Norm when norm == 1, plus the per-head ksize x ksize filter conv_w (heads,
+ * ksize^2) shared by the head's d channels on the grid values. out (B, n, C) with heads merged. With `save`
+ * (training) each slice keeps C_q (n x m), M (m x m) and the landmarks before LayerNorm (conv; avgpool: the
+ * landmarks), m x d, there for vitmix_soft_mix_backward. Returns the number of slices out of memory. */
+int64_t vitmix_soft_mix_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, const TYPE *ln_w, const TYPE *ln_b,
+                            TYPE ln_eps, const TYPE *conv_w, TYPE *out, int64_t B, int64_t n, int64_t prefix, int64_t H,
+                            int64_t W, int64_t heads, int64_t d, int64_t mh, int64_t mw, int64_t s, int pool_first,
+                            TYPE scale, TYPE eps, int64_t iters, int rule, int norm, int64_t ksize, TYPE *save,
+                            int nthreads) {
+    const int64_t C = heads * d, m = mh * mw, gh = mh * s, gw = mw * s, per_slice = n * m + m * m + m * d;
+    int64_t failed = 0;
+    TYPE *lmt = lm_w ? soft_conv_taps_SFX(lm_w, s, d) : NULL;
+    if (lm_w && !lmt) return B * heads;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
     for (int64_t sl = 0; sl < B * heads; ++sl) {
         const int64_t b = sl / heads, h = sl % heads;
-        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(3 * n * d + m * d + gh * gw * d));
+        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(3 * n * d + 2 * m * d + gh * gw * d));
         if (!buf) { failed += 1; continue; }
-        TYPE *q = buf, *v = q + n * d, *o = v + n * d, *lm = o + n * d, *g = lm + m * d;
+        TYPE *q = buf, *v = q + n * d, *o = v + n * d, *lm = o + n * d, *z = lm + m * d, *g = z + m * d;
+        TYPE *keep = save ? save + sl * per_slice : NULL;
         gather_head_SFX(qp, q, b, n, C, h * d, d, scale);
         gather_head_SFX(vp, v, b, n, C, h * d, d, 1);
         if (lm_w) {
-            if (pool_first) {
-                pool_grid_SFX(q + prefix * d, g, H, W, gh, gw, d, 0);
-            } else {                                   /* the top-left gh x gw cells the strided conv reads */
-                for (int64_t r = 0; r < gh; ++r)
-                    memcpy(g + r * gw * d, q + (prefix + r * W) * d, sizeof(TYPE) * (size_t)(gw * d));
-            }
-            for (int64_t a = 0; a < mh; ++a)
-                for (int64_t bb = 0; bb < mw; ++bb) {
-                    TYPE *restrict lj = lm + (a * mw + bb) * d, mean = 0, var = 0;
-                    for (int64_t co = 0; co < d; ++co) lj[co] = 0;
-                    for (int64_t dy = 0; dy < s; ++dy)        /* inner loop over output channels: contiguous */
-                        for (int64_t dx = 0; dx < s; ++dx)
-                            for (int64_t ci = 0; ci < d; ++ci) {
-                                const TYPE gv = g[((a * s + dy) * gw + bb * s + dx) * d + ci];
-                                const TYPE *restrict wk = lmt + ((dy * s + dx) * d + ci) * d;
-                                for (int64_t co = 0; co < d; ++co) lj[co] += wk[co] * gv;
-                            }
-                    for (int64_t co = 0; co < d; ++co) mean += lj[co];
-                    mean /= (TYPE)d;
-                    for (int64_t c = 0; c < d; ++c) var += (lj[c] - mean) * (lj[c] - mean);
-                    const TYPE inv = (TYPE)1 / SQRTFN(var / (TYPE)d + ln_eps);
-                    for (int64_t c = 0; c < d; ++c) {
-                        const TYPE t = (lj[c] - mean) * inv * ln_w[c] + ln_b[c];
-                        lj[c] = (TYPE)0.5 * t * ((TYPE)1 + ERFFN(t * (TYPE)0.70710678118654752440));
-                    }
-                }
+            soft_conv_grid_SFX(q + prefix * d, g, H, W, gh, gw, d, pool_first);
+            soft_landmark_conv_SFX(g, lmt, z, mh, mw, s, d);
+            ln_gelu_SFX(z, lm, ln_w, ln_b, ln_eps, m, d);
         } else {
             pool_grid_SFX(q + prefix * d, lm, H, W, mh, mw, d, pool_first ? 0 : s);
         }
-        int err = slice_SFX(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, NULL);
+        if (keep) memcpy(keep + n * m + m * m, lm_w ? z : lm, sizeof(TYPE) * (size_t)(m * d));
+        int err = slice_SFX(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, keep);
         if (!err && ksize > 0)
             err = local_conv_SFX(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
         if (!err)
@@ -529,7 +576,7 @@ def _declare(lib) -> None:
         soft = getattr(lib, f"vitmix_soft_mix_{sfx}")
         soft.argtypes = ([ctypes.c_void_p] * 5 + [real] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 10
                          + [ctypes.c_int, real, real, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
-                            ctypes.c_int])
+                            ctypes.c_void_p, ctypes.c_int])
         soft.restype = ctypes.c_int64
 
 
@@ -634,16 +681,17 @@ def laplacian_mix(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bia
     return (out, saved) if save else out
 
 
-def soft_mix(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[torch.Tensor],
-             landmark_norm: Optional[torch.nn.LayerNorm], conv_weight: Optional[torch.Tensor], *, grid, heads: int,
-             landmarks, stride: int, pool_first: bool, scale: float, eps: float, iters: int, alpha: str,
-             normalization: Optional[str]):
-    """SOFT's token mixing for inference from its projections ``qp = W_q x`` and ``vp = W_v x`` (``(B, N, C)``)
-    in one C call: queries ``scale · qp``; landmarks by the strided conv ``landmark_conv (d, d, s, s)``, then
-    ``landmark_norm`` (LayerNorm(d)) and GELU (``landmark_conv=None``: window means), the tied Gaussian
+def soft_mix(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[torch.Tensor], landmark_norm,
+             conv_weight: Optional[torch.Tensor], *, grid, heads: int, landmarks, stride: int, pool_first: bool,
+             scale: float, eps: float, iters: int, alpha: str, normalization: Optional[str], save: bool = False):
+    """SOFT's token mixing from its projections ``qp = W_q x`` and ``vp = W_v x`` (``(B, N, C)``) in one C call:
+    queries ``scale · qp``; landmarks by the strided conv ``landmark_conv (d, d, s, s)``, then LayerNorm(d) with
+    ``landmark_norm = (weight, bias, eps)`` and GELU (``landmark_conv=None``: window means), the tied Gaussian
     kernels, Newton–Schulz (``alpha``; the symmetric start), ``normalization`` ``None`` or ``"soft_norm"``, and the
     per-head filter ``conv_weight (heads, 1, k, k)`` on the grid values. Returns ``(B, N, C)`` with the heads
-    merged, or ``None`` when the library is unavailable or m > 256."""
+    merged, or ``None`` when the library is unavailable or m > 256. ``save=True`` (the training forward of
+    :mod:`.c_grad`; library loaded, m checked) returns ``(out, saved)`` with each slice's ``C_q``, ``M`` and
+    landmarks before the LayerNorm for the C backward."""
     lib = NYSTROM_KERNEL.load()
     if lib is None or landmarks[0] * landmarks[1] > MAX_LANDMARKS:
         return None
@@ -657,19 +705,20 @@ def soft_mix(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[torch.T
     ln_w = ln_b = None
     ln_eps = 0.0
     if lm_w is not None:
-        ln_w, ln_b = landmark_norm.weight.to(dt).contiguous(), landmark_norm.bias.to(dt).contiguous()
-        ln_eps = landmark_norm.eps
+        ln_w, ln_b, ln_eps = landmark_norm
+        ln_w, ln_b = ln_w.to(dt).contiguous(), ln_b.to(dt).contiguous()
     ksize = 0 if conv_weight is None else conv_weight.shape[-1]
     cw = None if conv_weight is None else conv_weight.reshape(heads, -1).to(dt).contiguous()
     m = mh * mw
-    work = b * heads * n * m * (2 * d + m)
-    threads = min(torch.get_num_threads(), b * heads) if work >= _PARALLEL_WORK else 1
+    threads = slice_threads(b * heads, b * heads * n * m * (2 * d + m))
+    saved = torch.empty(b * heads, n * m + m * m + m * d, dtype=dt) if save else None
     ptr = [ctypes.c_void_p(None if t is None else t.data_ptr()) for t in (qp, vp, lm_w, ln_w, ln_b)]
     with torch.profiler.record_function("vitmix::soft_mix (C)"):
         failed = getattr(lib, f"vitmix_soft_mix_{_SUFFIX[dt]}")(
             *ptr, ln_eps, ctypes.c_void_p(None if cw is None else cw.data_ptr()), ctypes.c_void_p(out.data_ptr()),
             b, n, prefix, h, w, heads, d, mh, mw, stride, int(pool_first), scale, eps, iters,
-            _RULES["official" if alpha == "official" else True], _NORMS[normalization], ksize, threads)
+            _RULES["official" if alpha == "official" else True], _NORMS[normalization], ksize,
+            ctypes.c_void_p(None if saved is None else saved.data_ptr()), threads)
     if failed:
         raise MemoryError(f"SOFT attention: the C forward could not allocate its buffers for {failed} slices")
-    return out
+    return (out, saved) if save else out

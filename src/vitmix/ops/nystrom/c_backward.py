@@ -1,4 +1,4 @@
-"""The C source of LaplacianFormer's training backward (private; bound by :mod:`.c_grad`).
+"""The C source of the training backwards of LaplacianFormer's and SOFT's layers (private; bound by :mod:`.c_grad`).
 
 Appended to :mod:`.c`'s source (one library: it calls that file's static helpers, ``gemm``, the kernel
 matrix, pooling, gathering) and instantiated for float32 and float64 the same way. One work item per
@@ -68,14 +68,15 @@ static void l1_kernel_grad_SFX(const TYPE *x, const TYPE *y, const TYPE *K, cons
     }
 }
 
-/* gx (grid rows, d) += the adjoint of pool_grid's adaptive windows: each cell receives gp of every window
- * that holds it, divided by the window's area */
-static void pool_grid_grad_SFX(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d) {
+/* gx (grid rows, d) += the adjoint of pool_grid (adaptive windows, or stride x stride tiles when stride > 0):
+ * each cell receives gp of every window that holds it, divided by the window's area */
+static void pool_grid_grad_SFX(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d,
+                               int64_t stride) {
     for (int64_t a = 0; a < oh; ++a) {
-        int64_t r0, r1, c0, c1;
-        window_SFX(a, H, oh, &r0, &r1);
+        int64_t r0 = a * stride, r1 = r0 + stride, c0, c1;
+        if (!stride) window_SFX(a, H, oh, &r0, &r1);
         for (int64_t b = 0; b < ow; ++b) {
-            window_SFX(b, W, ow, &c0, &c1);
+            if (stride) { c0 = b * stride; c1 = c0 + stride; } else window_SFX(b, W, ow, &c0, &c1);
             const TYPE inv = (TYPE)1 / (TYPE)((r1 - r0) * (c1 - c0));
             const TYPE *gj = gp + (a * ow + b) * d;
             for (int64_t r = r0; r < r1; ++r)
@@ -85,21 +86,24 @@ static void pool_grid_grad_SFX(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, i
     }
 }
 
-/* The backward of local_conv_SFX with per-channel taps w (d, ksize^2) and a bias: gv (grid rows, d) += the
- * transposed conv of g; gw (d, ksize^2) and gb (d) are written (sums over the grid positions). */
-static int local_conv_grad_SFX(const TYPE *v, const TYPE *g, const TYPE *w, TYPE *gv, TYPE *gw, TYPE *gb, int64_t H,
-                               int64_t W, int64_t d, int64_t ksize) {
+/* The backward of local_conv_SFX (taps of channel c at w + c * wstride: wstride = ksize^2 per channel, 0 one
+ * filter shared by the d channels): gv (grid rows, d) += the transposed conv of g; gw (d, ksize^2), or (ksize^2)
+ * for a shared filter, and gb (d) unless NULL are written (sums over the grid positions and shared channels). */
+static int local_conv_grad_SFX(const TYPE *v, const TYPE *g, const TYPE *w, int64_t wstride, TYPE *gv, TYPE *gw,
+                               TYPE *gb, int64_t H, int64_t W, int64_t d, int64_t ksize) {
     const int64_t pad = ksize / 2, taps = ksize * ksize;
     TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(2 * taps * d));
     if (!wt) return 1;
     TYPE *gwt = wt + taps * d;
     for (int64_t t = 0; t < taps; ++t)
-        for (int64_t c = 0; c < d; ++c) { wt[t * d + c] = w[c * taps + t]; gwt[t * d + c] = 0; }
-    for (int64_t c = 0; c < d; ++c) gb[c] = 0;
+        for (int64_t c = 0; c < d; ++c) { wt[t * d + c] = w[c * wstride + t]; gwt[t * d + c] = 0; }
+    if (gb)
+        for (int64_t c = 0; c < d; ++c) gb[c] = 0;
     for (int64_t r = 0; r < H; ++r)
         for (int64_t cc = 0; cc < W; ++cc) {
             const TYPE *restrict gi = g + (r * W + cc) * d;
-            for (int64_t c = 0; c < d; ++c) gb[c] += gi[c];
+            if (gb)
+                for (int64_t c = 0; c < d; ++c) gb[c] += gi[c];
             for (int64_t dy = 0; dy < ksize; ++dy) {
                 const int64_t rr = r + dy - pad;
                 if (rr < 0 || rr >= H) continue;
@@ -116,8 +120,13 @@ static int local_conv_grad_SFX(const TYPE *v, const TYPE *g, const TYPE *w, TYPE
                 }
             }
         }
-    for (int64_t t = 0; t < taps; ++t)
-        for (int64_t c = 0; c < d; ++c) gw[c * taps + t] = gwt[t * d + c];
+    for (int64_t t = 0; t < taps; ++t) {
+        if (!wstride) gw[t] = 0;
+        for (int64_t c = 0; c < d; ++c) {
+            if (wstride) gw[c * taps + t] = gwt[t * d + c];
+            else gw[t] += gwt[t * d + c];
+        }
+    }
     free(wt);
     return 0;
 }
@@ -233,10 +242,10 @@ int64_t vitmix_laplacian_mix_backward_SFX(const TYPE *y, const TYPE *gout, const
             l1_kernel_grad_SFX(q, lk, cq, dcq, dq, dlk, dcq, n, m, d, scale);     /* P overwrites dK */
             l1_kernel_grad_SFX(k, lq, ck, dck, dk, dlq, dck, n, m, d, scale);
             l1_kernel_grad_SFX(lq, lk, w, dW, dlq, dlk, dW, m, m, d, scale);
-            pool_grid_grad_SFX(dlq, dq + prefix * d, H, W, mh, mw, d);
-            pool_grid_grad_SFX(dlk, dk + prefix * d, H, W, mh, mw, d);
+            pool_grid_grad_SFX(dlq, dq + prefix * d, H, W, mh, mw, d, 0);
+            pool_grid_grad_SFX(dlk, dk + prefix * d, H, W, mh, mw, d, 0);
             if (ksize > 0)
-                err = local_conv_grad_SFX(v + prefix * d, g + prefix * d, conv_w + h * d * taps, dv + prefix * d,
+                err = local_conv_grad_SFX(v + prefix * d, g + prefix * d, conv_w + h * d * taps, taps, dv + prefix * d,
                                           dconv_w + sl * d * taps, dconv_b + sl * d, H, W, d, ksize);
         }
         if (!err) {
@@ -252,14 +261,191 @@ int64_t vitmix_laplacian_mix_backward_SFX(const TYPE *y, const TYPE *gout, const
     }
     return failed;
 }
+
+/* gx (n, d), gy (m, d) += the gradient of the Gaussian kernel K = exp(-|x_i - y_j|^2 / 2) (n x m) from dK:
+ * with P = dK * K (written over dK), gx_i += (P y)_i - (sum_j P_ij) x_i and gy_j += (P^T x)_j - (sum_i P_ij) y_j,
+ * two gemms (gx and gy may be the same buffer: x = y = the landmarks). tmp: max(n, m) d + m scratch. */
+static void gauss_kernel_grad_SFX(const TYPE *x, const TYPE *y, const TYPE *K, TYPE *P, TYPE *gx, TYPE *gy,
+                                  TYPE *tmp, int64_t n, int64_t m, int64_t d) {
+    for (int64_t e = 0; e < n * m; ++e) P[e] *= K[e];
+    TYPE *colsum = tmp + (n > m ? n : m) * d;
+    mm_SFX(P, y, tmp, n, m, d);
+    for (int64_t i = 0; i < n; ++i) {
+        TYPE r = 0;
+        for (int64_t j = 0; j < m; ++j) r += P[i * m + j];
+        for (int64_t c = 0; c < d; ++c) gx[i * d + c] += tmp[i * d + c] - r * x[i * d + c];
+    }
+    mtm_SFX(P, x, tmp, n, m, d);
+    column_sum_SFX(P, colsum, n, m);
+    for (int64_t j = 0; j < m; ++j)
+        for (int64_t c = 0; c < d; ++c) gy[j * d + c] += tmp[j * d + c] - colsum[j] * y[j * d + c];
+}
+
+/* dz (m, d) = the backward of lm = GELU(LayerNorm(z)) from dlm; the norm's affine gradients are added to
+ * dln_w, dln_b (d). xhat: d scratch. */
+static void ln_gelu_grad_SFX(const TYPE *z, const TYPE *dlm, TYPE *dz, const TYPE *ln_w, const TYPE *ln_b,
+                             TYPE ln_eps, TYPE *dln_w, TYPE *dln_b, TYPE *xhat, int64_t m, int64_t d) {
+    for (int64_t j = 0; j < m; ++j) {
+        const TYPE inv = layer_norm_row_SFX(z + j * d, xhat, d, ln_eps);
+        TYPE *dzj = dz + j * d, mean_dx = 0, mean_dxx = 0;
+        for (int64_t c = 0; c < d; ++c) {
+            const TYPE t = xhat[c] * ln_w[c] + ln_b[c];
+            const TYPE cdf = (TYPE)0.5 * ((TYPE)1 + ERFFN(t * (TYPE)0.70710678118654752440));
+            const TYPE pdf = (TYPE)0.39894228040143267794 * EXPFN((TYPE)-0.5 * t * t);
+            const TYPE dt = dlm[j * d + c] * (cdf + t * pdf);
+            dln_w[c] += dt * xhat[c];
+            dln_b[c] += dt;
+            dzj[c] = dt * ln_w[c];                    /* d xhat for now */
+            mean_dx += dzj[c];
+            mean_dxx += dzj[c] * xhat[c];
+        }
+        mean_dx /= (TYPE)d;
+        mean_dxx /= (TYPE)d;
+        for (int64_t c = 0; c < d; ++c) dzj[c] = inv * (dzj[c] - mean_dx - xhat[c] * mean_dxx);
+    }
+}
+
+/* The backward of soft_landmark_conv: dlmt (s, s, d_in, d_out) += the weight gradient, dg (gh x gw, d) = the
+ * gradient of the conv's input grid g, from dz (mh mw, d) */
+static void soft_landmark_conv_grad_SFX(const TYPE *g, const TYPE *lmt, const TYPE *dz, TYPE *dlmt, TYPE *dg,
+                                        int64_t mh, int64_t mw, int64_t s, int64_t d) {
+    const int64_t gw = mw * s;
+    for (int64_t a = 0; a < mh; ++a)
+        for (int64_t bb = 0; bb < mw; ++bb) {
+            const TYPE *restrict dzj = dz + (a * mw + bb) * d;
+            for (int64_t dy = 0; dy < s; ++dy)
+                for (int64_t dx = 0; dx < s; ++dx)
+                    for (int64_t ci = 0; ci < d; ++ci) {
+                        const int64_t cell = ((a * s + dy) * gw + bb * s + dx) * d + ci;
+                        const int64_t tap = ((dy * s + dx) * d + ci) * d;
+                        const TYPE gv = g[cell];
+                        const TYPE *restrict wk = lmt + tap;
+                        TYPE *restrict dwk = dlmt + tap, acc = 0;
+                        for (int64_t co = 0; co < d; ++co) {
+                            dwk[co] += dzj[co] * gv;
+                            acc += wk[co] * dzj[co];
+                        }
+                        dg[cell] = acc;
+                    }
+        }
+}
+
+/* The backward of vitmix_soft_mix with `save`: from qp, vp (B, n, C), the landmark module's weights (as the
+ * forward), the per-head filter conv_w (heads, ksize^2), gout = dL/dout (B, n, C) and saved (B heads,
+ * n m + m^2 + m d), writes dqp, dvp (B, n, C) (every element) and per slice dlmt (B heads, s, s, d_in, d_out),
+ * dln_w, dln_b (B heads, d) (conv landmarks only) and dconv_w (B heads, ksize^2): the caller sums those over the
+ * slices. Per slice, in order: the products C_q (M (C_q^T V)) backwards (SOFT-Norm's D^(-1/2) scaling with its
+ * row-sum gradient), the implicit Newton-Schulz backward dW = -M^T dM M^T, the Gaussian kernels' gradients
+ * (C_q = k(Q, L), W = k(L, L)), the landmarks' (GELU, LayerNorm, strided conv, pooling) and the local filter's.
+ * Returns the number of slices that ran out of memory. */
+int64_t vitmix_soft_mix_backward_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, const TYPE *ln_w,
+                                     const TYPE *ln_b, TYPE ln_eps, const TYPE *conv_w, const TYPE *gout,
+                                     const TYPE *saved, TYPE *dqp, TYPE *dvp, TYPE *dlmt, TYPE *dln_w, TYPE *dln_b,
+                                     TYPE *dconv_w, int64_t B, int64_t n, int64_t prefix, int64_t H, int64_t W,
+                                     int64_t heads, int64_t d, int64_t mh, int64_t mw, int64_t s, int pool_first,
+                                     TYPE scale, int norm, int64_t ksize, int nthreads) {
+    const int64_t C = heads * d, m = mh * mw, mk = (m + FJB - 1) / FJB * FJB, gh = mh * s, gw = mw * s;
+    const int64_t taps = ksize * ksize, wide = n > m ? n : m;
+    int64_t failed = 0;
+    TYPE *lmt = lm_w ? soft_conv_taps_SFX(lm_w, s, d) : NULL;
+    if (lm_w && !lmt) return B * heads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
+    for (int64_t sl = 0; sl < B * heads; ++sl) {
+        const int64_t b = sl / heads, h = sl % heads;
+        const int64_t size = 5 * n * d + 8 * m * d + 6 * m * m + 2 * n * m + 2 * gh * gw * d + d * mk
+                             + wide * d + 3 * m + m * (m > d ? m : d) + d;
+        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
+        if (!buf) { failed += 1; continue; }
+        TYPE *q = buf, *v = q + n * d, *g = v + n * d, *dq = g + n * d, *dv = dq + n * d, *lm = dv + n * d;
+        TYPE *dlm = lm + m * d, *dz = dlm + m * d, *kv = dz + m * d, *core = kv + m * d, *dcore = core + m * d;
+        TYPE *dkv = dcore + m * d, *lmtp = dkv + m * d, *w = lmtp + d * mk, *Mn = w + m * m, *dMn = Mn + m * m;
+        TYPE *dM = dMn + m * m, *dW = dM + m * m, *t1 = dW + m * m, *dC = t1 + m * m, *dC2 = dC + n * m;
+        TYPE *grid = dC2 + n * m, *dgrid = grid + gh * gw * d, *tmp = dgrid + gh * gw * d, *r = tmp + wide * d + m;
+        TYPE *dr = r + m, *bt = dr + m, *xhat = bt + m * (m > d ? m : d);
+        const TYPE *cq = saved + sl * (n * m + m * m + m * d), *M = cq + n * m, *z = M + m * m;
+        int err = 0;
+        gather_head_SFX(qp, q, b, n, C, h * d, d, scale);
+        gather_head_SFX(vp, v, b, n, C, h * d, d, 1);
+        gather_head_SFX(gout, g, b, n, C, h * d, d, 1);
+        if (lm_w) {                                /* the landmarks again, from the kept pre-norm values */
+            soft_conv_grid_SFX(q + prefix * d, grid, H, W, gh, gw, d, pool_first);
+            ln_gelu_SFX(z, lm, ln_w, ln_b, ln_eps, m, d);
+        } else {
+            memcpy(lm, z, sizeof(TYPE) * (size_t)(m * d));
+        }
+        transpose_pad_SFX(lm, lmtp, m, mk, d);         /* W = k(L, L), as the forward computed it */
+        kernel_matrix_SFX(lm, lmtp, w, m, m, mk, d, 0, (TYPE)0.5);
+        memcpy(Mn, M, sizeof(TYPE) * (size_t)(m * m));
+        if (norm == 1) soft_norm_SFX(w, Mn, r, m);     /* SOFT-Norm: Mn = D^(-1/2) M D^(-1/2) */
+        mtm_SFX(cq, v, kv, n, m, d);                   /* forward: kv = C_q^T V, core = Mn kv, out = C_q core */
+        mm_SFX(Mn, kv, core, m, m, d);
+        mtm_SFX(cq, g, dcore, n, m, d);                /* dcore = C_q^T g */
+        mmt_SFX(g, core, dC, n, d, m, bt);             /* dC_q = g core^T + V dkv^T */
+        mmt_SFX(dcore, kv, dMn, m, d, m, bt);          /* dMn = dcore kv^T */
+        mtm_SFX(Mn, dcore, dkv, m, m, d);              /* dkv = Mn^T dcore */
+        mmt_SFX(v, dkv, dC2, n, d, m, bt);
+        for (int64_t e = 0; e < n * m; ++e) dC[e] += dC2[e];
+        mm_SFX(cq, dkv, dv, n, m, d);                  /* dV = C_q dkv (+ the local filter's, below) */
+        for (int64_t e = 0; e < m * m; ++e) dM[e] = dMn[e];
+        if (norm == 1) {                               /* Mn_ac = r_a M_ac r_c, r = (W 1)^(-1/2) */
+            for (int64_t a = 0; a < m; ++a) dr[a] = 0;
+            for (int64_t a = 0; a < m; ++a)
+                for (int64_t c = 0; c < m; ++c) {
+                    const TYPE gm = dMn[a * m + c] * M[a * m + c];
+                    dM[a * m + c] = dMn[a * m + c] * r[a] * r[c];
+                    dr[a] += gm * r[c];
+                    dr[c] += gm * r[a];
+                }
+        }
+        mtm_SFX(M, dM, t1, m, m, m);                   /* dW = -M^T dM M^T (+ the row sums' gradient) */
+        mmt_SFX(t1, M, dW, m, m, m, bt);
+        for (int64_t a = 0; a < m; ++a) {
+            const TYPE drow = norm == 1 ? (TYPE)-0.5 * r[a] * r[a] * r[a] * dr[a] : (TYPE)0;
+            for (int64_t c = 0; c < m; ++c) dW[a * m + c] = drow - dW[a * m + c];
+        }
+        memset(dq, 0, sizeof(TYPE) * (size_t)(n * d));
+        memset(dlm, 0, sizeof(TYPE) * (size_t)(m * d));
+        gauss_kernel_grad_SFX(q, lm, cq, dC, dq, dlm, tmp, n, m, d);
+        gauss_kernel_grad_SFX(lm, lm, w, dW, dlm, dlm, tmp, m, m, d);
+        if (lm_w) {                                    /* GELU, LayerNorm, the strided conv, its input grid */
+            ln_gelu_grad_SFX(z, dlm, dz, ln_w, ln_b, ln_eps, dln_w + sl * d, dln_b + sl * d, xhat, m, d);
+            soft_landmark_conv_grad_SFX(grid, lmt, dz, dlmt + sl * s * s * d * d, dgrid, mh, mw, s, d);
+            if (pool_first) {
+                pool_grid_grad_SFX(dgrid, dq + prefix * d, H, W, gh, gw, d, 0);
+            } else {
+                for (int64_t rr = 0; rr < gh; ++rr)
+                    for (int64_t e = 0; e < gw * d; ++e) dq[(prefix + rr * W) * d + e] += dgrid[rr * gw * d + e];
+            }
+        } else {
+            pool_grid_grad_SFX(dlm, dq + prefix * d, H, W, mh, mw, d, pool_first ? 0 : s);
+        }
+        if (ksize > 0)
+            err = local_conv_grad_SFX(v + prefix * d, g + prefix * d, conv_w + h * taps, 0, dv + prefix * d,
+                                      dconv_w + sl * taps, NULL, H, W, d, ksize);
+        if (!err)
+            for (int64_t i = 0; i < n; ++i)
+                for (int64_t c = 0; c < d; ++c) {
+                    dqp[(b * n + i) * C + h * d + c] = scale * dq[i * d + c];
+                    dvp[(b * n + i) * C + h * d + c] = dv[i * d + c];
+                }
+        failed += err;
+        free(buf);
+    }
+    free(lmt);
+    return failed;
+}
 """
 
 
 def declare(lib, real, sfx: str) -> None:
-    """``argtypes`` of the backward entry point for one dtype (called by :mod:`.c`'s declaration)."""
+    """``argtypes`` of the backward entry points for one dtype (called by :mod:`.c`'s declaration)."""
     fn = getattr(lib, f"vitmix_laplacian_mix_backward_{sfx}")
     fn.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 9 + [real, real, real, ctypes.c_int64, ctypes.c_int]
     fn.restype = ctypes.c_int64
+    soft = getattr(lib, f"vitmix_soft_mix_backward_{sfx}")
+    soft.argtypes = ([ctypes.c_void_p] * 5 + [real] + [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 10
+                     + [ctypes.c_int, real, ctypes.c_int, ctypes.c_int64, ctypes.c_int])
+    soft.restype = ctypes.c_int64
 
 
 __all__ = ["GRAD_BODY", "declare"]

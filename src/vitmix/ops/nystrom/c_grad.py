@@ -1,4 +1,4 @@
-"""LaplacianFormer's token mixing for training on CPU: one C call forward, one C call backward (private).
+"""LaplacianFormer's and SOFT's token mixing for training on CPU: one C call forward, one backward (private).
 
 At the widths where small ViTs live (N ≈ 65–200 tokens, 16–25 landmarks, head dim 32) the composed path
 of :class:`vitmix.mixers.laplacian.LaplacianAttention` is ~40 torch ops forward and ~60 backward per layer
@@ -14,6 +14,10 @@ than in arithmetic. :func:`laplacian_mix_train` computes the same function with 
   backward ``dW = -Mᵀ dM Mᵀ`` (:mod:`vitmix.ops.newton`), the L1 kernels' backward (``sign(0) = 0``, as the
   composed path's C kernel), the adjoint of the adaptive pooling and the conv's backward, and writes the
   gradient of the ``qkv`` output directly in its ``(B, N, 3C)`` layout.
+
+:func:`soft_mix_train` does the same for SOFT and SOFT-Norm (:class:`vitmix.mixers.soft.SoftAttention`), from
+``W_q x`` and ``W_v x``, with the landmark module's backward (GELU, LayerNorm, strided conv, pooling) in C;
+its steps are listed at its C entry point (``vitmix_soft_mix_backward`` in :mod:`.c_backward`).
 
 The composed path is the reference (tests compare the output and every gradient in float64 and
 float32, and gradcheck the function); it runs wherever this does not apply (see the layer's
@@ -95,4 +99,77 @@ def laplacian_mix_train(y: torch.Tensor, conv_weight: Optional[torch.Tensor], co
     return _LaplacianMix.apply(y, conv_weight, conv_bias, mean_weight, cfg)
 
 
-__all__ = ["laplacian_mix_train"]
+class _SoftMix(torch.autograd.Function):
+    """``soft_mix`` with a C backward; the configuration travels as a dict (see :func:`soft_mix_train`)."""
+
+    @staticmethod
+    def forward(ctx, qp, vp, landmark_conv, norm_weight, norm_bias, conv_weight, cfg):
+        qp, vp = qp.contiguous(), vp.to(qp.dtype).contiguous()
+        norm = None if landmark_conv is None else (norm_weight, norm_bias, cfg["norm_eps"])
+        config = {key: value for key, value in cfg.items() if key != "norm_eps"}
+        out, saved = c.soft_mix(qp, vp, landmark_conv, norm, conv_weight, save=True, **config)
+        ctx.save_for_backward(qp, vp, landmark_conv, norm_weight, norm_bias, conv_weight, saved)
+        ctx.cfg, ctx.vp_dtype = cfg, vp.dtype
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        qp, vp, lm_conv, ln_w, ln_b, conv_w, saved = ctx.saved_tensors
+        cfg = ctx.cfg
+        prefix, h, w = cfg["grid"]
+        heads, (mh, mw), stride = cfg["heads"], cfg["landmarks"], cfg["stride"]
+        b, n, ch = qp.shape
+        d, slices, dt = ch // heads, b * heads, qp.dtype
+        g = g.to(dt).contiguous()
+
+        def prepared(t):
+            return None if t is None else t.detach().to(dt).contiguous()
+
+        lm_w, ln_wt, ln_bt = prepared(lm_conv), prepared(ln_w), prepared(ln_b)
+        ksize = 0 if conv_w is None else conv_w.shape[-1]
+        cw = None if conv_w is None else conv_w.detach().reshape(heads, -1).to(dt).contiguous()
+        dqp, dvp = torch.empty_like(qp), torch.empty_like(vp)
+        conv_lm = lm_conv is not None
+        dlmt = torch.zeros(slices, stride * stride * d * d, dtype=dt) if conv_lm else None
+        dln_w = torch.zeros(slices, d, dtype=dt) if conv_lm else None
+        dln_b = torch.zeros(slices, d, dtype=dt) if conv_lm else None
+        dconv = torch.empty(slices, ksize * ksize, dtype=dt) if ksize else None
+        m = mh * mw
+        threads = c.slice_threads(slices, slices * 2 * n * m * (2 * d + m))
+        lib = c.NYSTROM_KERNEL.load()
+        with torch.profiler.record_function("vitmix::soft_mix_backward (C)"):
+            failed = getattr(lib, f"vitmix_soft_mix_backward_{c._SUFFIX[dt]}")(
+                _ptr(qp), _ptr(vp), _ptr(lm_w), _ptr(ln_wt), _ptr(ln_bt), cfg["norm_eps"], _ptr(cw), _ptr(g),
+                _ptr(saved), _ptr(dqp), _ptr(dvp), _ptr(dlmt), _ptr(dln_w), _ptr(dln_b), _ptr(dconv), b, n, prefix, h,
+                w, heads, d, mh, mw, stride, int(cfg["pool_first"]), cfg["scale"], c._NORMS[cfg["normalization"]],
+                ksize, threads)
+        if failed:
+            raise MemoryError(f"SOFT attention: the C backward could not allocate its buffers for {failed} slices")
+        g_lm = g_lnw = g_lnb = g_conv = None
+        if conv_lm:   # taps (s, s, d_in, d_out) summed over slices -> the conv's (d_out, d_in, s, s)
+            taps = dlmt.sum(0).view(stride, stride, d, d).permute(3, 2, 0, 1)
+            g_lm = taps.to(lm_conv.dtype).contiguous()
+            g_lnw, g_lnb = dln_w.sum(0).to(ln_w.dtype), dln_b.sum(0).to(ln_b.dtype)
+        if ksize:
+            g_conv = dconv.view(b, heads, -1).sum(0).view_as(conv_w).to(conv_w.dtype)
+        return dqp, dvp.to(ctx.vp_dtype), g_lm, g_lnw, g_lnb, g_conv, None
+
+
+def soft_mix_train(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[torch.Tensor],
+                   landmark_norm: Optional[tuple], conv_weight: Optional[torch.Tensor], *, grid, heads: int, landmarks,
+                   stride: int, pool_first: bool, scale: float, eps: float, iters: int, alpha: str,
+                   normalization: Optional[str]) -> Optional[torch.Tensor]:
+    """:func:`vitmix.ops.nystrom.c.soft_mix` with gradients for ``qp``, ``vp``, the landmark conv, the LayerNorm's
+    weight and bias (``landmark_norm = (weight, bias, eps)``) and the local filter (same arguments), or ``None``
+    where the library is unavailable or m > 256 (the caller's composed path runs)."""
+    if c.NYSTROM_KERNEL.load() is None or landmarks[0] * landmarks[1] > c.MAX_LANDMARKS:
+        return None
+    norm_w, norm_b, norm_eps = landmark_norm if landmark_conv is not None else (None, None, 0.0)
+    cfg = dict(grid=tuple(grid), heads=int(heads), landmarks=tuple(landmarks), stride=int(stride),
+               pool_first=bool(pool_first), scale=float(scale), eps=float(eps), iters=int(iters), alpha=alpha,
+               normalization=normalization, norm_eps=float(norm_eps))
+    return _SoftMix.apply(qp, vp, landmark_conv, norm_w, norm_b, conv_weight, cfg)
+
+
+__all__ = ["laplacian_mix_train", "soft_mix_train"]
