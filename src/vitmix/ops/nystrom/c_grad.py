@@ -104,12 +104,13 @@ class _SoftMix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qp, vp, landmark_conv, norm_weight, norm_bias, conv_weight, cfg):
+        vp_dtype = vp.dtype                 # the C call computes in qp's dtype; vp's gradient goes back in its own
         qp, vp = qp.contiguous(), vp.to(qp.dtype).contiguous()
         norm = None if landmark_conv is None else (norm_weight, norm_bias, cfg["norm_eps"])
         config = {key: value for key, value in cfg.items() if key != "norm_eps"}
         out, saved = c.soft_mix(qp, vp, landmark_conv, norm, conv_weight, save=True, **config)
         ctx.save_for_backward(qp, vp, landmark_conv, norm_weight, norm_bias, conv_weight, saved)
-        ctx.cfg, ctx.vp_dtype = cfg, vp.dtype
+        ctx.cfg, ctx.vp_dtype = cfg, vp_dtype
         return out
 
     @staticmethod
