@@ -1,11 +1,12 @@
-"""vitmix._util: the one autocast helper, the one table writer and the close-match suggestions."""
+"""vitmix._util: the one autocast helper, the one table writer, the close-match suggestions and the cache folder."""
 import csv
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from vitmix._util import autocast, close_matches, markdown_table, table_columns, write_csv
+from vitmix._util import autocast, cache_dir, close_matches, markdown_table, table_columns, write_csv
 from vitmix.bench.timing import time_call
 
 
@@ -66,3 +67,10 @@ def test_time_call_sample_counts_for_slow_calls():
     fn, calls = _sleeper(0.02)
     res = time_call(fn, min_run_time=0.0, min_samples=4, long_call_s=0.01)
     assert res.samples == [res.warmup_s] == [res.median_s] and len(calls) == 1 and "warm-up" in res.method
+
+
+def test_cache_dir_follows_the_environment_at_each_call(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))
+    assert cache_dir("datasets") == tmp_path / "datasets"
+    monkeypatch.delenv("VITMIX_CACHE_DIR")
+    assert cache_dir() == Path.home() / ".cache" / "vitmix" and not (tmp_path / "datasets").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import difflib
+import os
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Union
 
@@ -69,4 +70,11 @@ def write_csv(path: Union[str, Path], rows: Sequence[dict], columns: Optional[Se
     return str(path)
 
 
-__all__ = ["close_matches", "autocast", "markdown_table", "table_columns", "write_csv"]
+# ------------------------------------------------------------------------------------------ cache
+def cache_dir(*parts: str) -> Path:
+    """vitmix's cache folder (``$VITMIX_CACHE_DIR``, default ``~/.cache/vitmix``), or a folder below it;
+    read at each call, so a changed setting applies. Not created here."""
+    return Path(os.environ.get("VITMIX_CACHE_DIR") or Path.home() / ".cache" / "vitmix", *parts)
+
+
+__all__ = ["autocast", "cache_dir", "close_matches", "markdown_table", "table_columns", "write_csv"]

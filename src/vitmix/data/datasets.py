@@ -228,11 +228,14 @@ DATASETS: Dict[str, Callable] = {
 }
 #: the datasets whose items are clips (C, T, H, W); their builders also take ``num_frames``
 VIDEO_DATASETS = ("moving-fashion-mnist", "clipfolder")
+#: the datasets whose items are 1-D id sequences, for sequence models (built by
+#: :func:`vitmix.data.sequences.build_sequence_datasets`, not :func:`build_datasets`)
+SEQUENCE_DATASETS = ("listops", "pathfinder32", "sfashion-mnist")
 
 
 def list_datasets():
     """Names accepted by ``--data``."""
-    return sorted(DATASETS)
+    return sorted([*DATASETS, *SEQUENCE_DATASETS])
 
 
 def dataset_key(name: str) -> str:
@@ -240,9 +243,10 @@ def dataset_key(name: str) -> str:
     for an unknown one."""
     key = name.lower().replace("_", "-")
     key = {"fashion": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
-           "moving-fmnist": "moving-fashion-mnist"}.get(key, key)
-    if key not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}." + close_matches(key, DATASETS)
+           "moving-fmnist": "moving-fashion-mnist", "pathfinder": "pathfinder32",
+           "sequential-fashion-mnist": "sfashion-mnist", "sfmnist": "sfashion-mnist"}.get(key, key)
+    if key not in DATASETS and key not in SEQUENCE_DATASETS:
+        raise ValueError(f"unknown dataset {name!r}." + close_matches(key, list_datasets())
                          + f" Available: {', '.join(list_datasets())}")
     return key
 
@@ -257,6 +261,9 @@ def build_datasets(name: str, img_size: int, data_dir: Optional[str] = None, dow
     """Return ``(train, val, info)`` for dataset ``name`` resized to ``img_size``×``img_size``; video
     datasets give clips of ``num_frames`` frames (default :data:`DEFAULT_NUM_FRAMES`)."""
     key = dataset_key(name)
+    if key in SEQUENCE_DATASETS:
+        raise ValueError(f"{key} holds 1-D token sequences, not images: use a sequence model (seq_*); "
+                         f"vitmix.data.build_sequence_datasets builds it")
     if img_size <= 0:
         raise ValueError(f"image size must be positive, got {img_size}")
     if key not in VIDEO_DATASETS:
