@@ -50,6 +50,7 @@ FAMILY_CONFIGS = {
     "weightformer_dit_*": dict(depth=2),
     "timesformer_*": dict(depth=1),
     "timesformer_*_fibottention": dict(depth=1),
+    "seq_*": dict(depth=1, seq_len=64),
 }
 
 
@@ -121,6 +122,8 @@ def _mixer_model(name):
 
 
 def _image_shape(model):
+    if not hasattr(model, "img_size") and hasattr(model, "example_inputs"):
+        return ()                     # called with its example inputs only (sequence models: ids, no image)
     size = getattr(getattr(model, "patch_embed", None), "img_size", None) or model.img_size
     return (3, *((size, size) if isinstance(size, int) else size))
 

@@ -17,6 +17,7 @@ from torch import nn
 import vitmix
 from vitmix.mixers import TokenMixer
 from vitmix.models import is_vitmix_model, model_task
+from vitmix.models.sequence import is_sequence_model
 from vitmix.models.timesformer import is_video_model
 
 
@@ -26,9 +27,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Video models (timesformer_*) are left out: they take clips (B, C, T, H, W), so image-size feature maps
-# do not apply to them; tests/models/test_timesformer.py checks their token outputs.
-MODELS = sorted(m for m in timm.list_models()
-                if is_vitmix_model(m) and model_task(m) == "classification" and not is_video_model(m))
+# do not apply to them; tests/models/test_timesformer.py checks their token outputs. Sequence models (seq_*)
+# take ids (B, N) and have no feature maps (tests/models/test_sequence.py).
+MODELS = sorted(m for m in timm.list_models() if is_vitmix_model(m) and model_task(m) == "classification"
+                and not is_video_model(m) and not is_sequence_model(m))
 
 
 def _family(name: str) -> str:

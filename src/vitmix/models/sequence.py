@@ -1,0 +1,167 @@
+"""1-D sequence classifiers for Long Range Arena-style tasks (:mod:`vitmix.data.sequences`), any 1-D mixer.
+
+``seq_lra_tiny`` is the encoder of Nyströmformer's LRA code at its default size: 2 pre-norm blocks of
+width 64 with 2 heads of 32 and an FFN of 128, learned position embeddings, mean pooling over all tokens
+and a two-layer ReLU head of the FFN's width. The input is ``(B, N)`` ids: symbol or byte ids through an
+embedding table (``embed="tokens"``, as LRA embeds even pixels), or 8-bit pixel intensities through a
+linear embedding of the scaled value (``embed="linear"``). Padding is not masked: id 0 is a token like any
+other, and the mean pools it too.
+
+Mixers see a plain sequence without a CLS token, told as a ``1 × N`` grid. Spatial mixers (those that
+pool a 2-D grid) are refused with a one-line ``ValueError`` naming the mixers that work on 1-D sequences.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from timm.layers import trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.vision_transformer import Block
+from torch import Tensor, nn
+
+from ..mixers import get_mixer_class, list_mixers, set_token_grid
+from ._builder import init_linear_and_norm, mixer_attn_layer, model_cfg
+
+EMBEDDINGS = ("tokens", "linear")
+
+
+def sequence_mixers() -> list:
+    """The registered mixers that work on a 1-D sequence (the non-spatial ones)."""
+    return [m for m in list_mixers() if not get_mixer_class(m).spatial]
+
+
+class SequenceClassifier(nn.Module):
+    """Embedding + learned positions → ``depth`` timm ``Block``s with a vitmix mixer → LayerNorm → mean
+    over the tokens → ``Linear → ReLU → Linear`` head.
+
+    Args:
+        num_classes: output classes.
+        seq_len: the position table's length, the longest input accepted (shorter inputs use its start).
+        vocab_size: ids are ``0 .. vocab_size - 1``; with ``embed="linear"`` an id is read as the value
+            ``id / (vocab_size - 1)`` (256: 8-bit pixels).
+        embed: ``"tokens"`` (a lookup table) or ``"linear"`` (one value per token, linearly embedded).
+        embed_dim, depth, num_heads, mlp_dim: widths; ``mlp_dim`` is the FFN's hidden width and the head's.
+        mixer, mixer_options: the token mixer of every block (default ``softmax``).
+        drop_rate: dropout after the embedding, in the FFN and on the mixer's output; ``attn_drop_rate``:
+            on attention weights (not every mixer has them); ``drop_path_rate``: stochastic depth.
+
+    Shapes: ``forward(ids (B, N))`` → ``(B, num_classes)`` with ``N <= seq_len``.
+    """
+
+    def __init__(self, num_classes: int = 10, seq_len: int = 2000, vocab_size: int = 256, embed: str = "tokens",
+                 embed_dim: int = 64, depth: int = 2, num_heads: int = 2, mlp_dim: int = 128,
+                 mixer: Optional[str] = None, mixer_options: Optional[dict] = None, drop_rate: float = 0.1,
+                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, qkv_bias: bool = True):
+        super().__init__()
+        if embed not in EMBEDDINGS:
+            raise ValueError(f"embed={embed!r}: expected one of {', '.join(EMBEDDINGS)}")
+        if seq_len < 1 or vocab_size < 2:
+            raise ValueError(f"seq_len must be >= 1 and vocab_size >= 2, got {seq_len} and {vocab_size}")
+        name = mixer or "softmax"
+        if get_mixer_class(name).spatial:
+            raise ValueError(f"mixer {name!r} needs a 2-D token grid; sequence models take the mixers that work on "
+                             f"1-D sequences: {', '.join(sequence_mixers())}")
+        self.num_classes, self.seq_len, self.vocab_size, self.embed = num_classes, seq_len, vocab_size, embed
+        self.num_features = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 0
+        self.tokens = nn.Embedding(vocab_size, embed_dim) if embed == "tokens" else nn.Linear(1, embed_dim)
+        self.pos_embed = nn.Parameter(torch.zeros(1, seq_len, embed_dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        attn_layer = mixer_attn_layer(mixer, mixer_options)
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.Sequential(*[
+            Block(embed_dim, num_heads, mlp_ratio=mlp_dim / embed_dim, qkv_bias=qkv_bias, proj_drop=drop_rate,
+                  attn_drop=attn_drop_rate, drop_path=dpr[i], attn_layer=attn_layer)
+            for i in range(depth)])
+        self.norm = nn.LayerNorm(embed_dim)
+        self.head = self._make_head(num_classes, mlp_dim)
+        init_linear_and_norm(self)
+        trunc_normal_(self.pos_embed, std=0.02)
+        if embed == "tokens":
+            nn.init.normal_(self.tokens.weight, std=0.02)
+        set_token_grid(self, (1, seq_len), 0)      # mixers sized by N (Linformer) are built for seq_len
+
+    def _make_head(self, num_classes: int, hidden: int) -> nn.Module:
+        if num_classes <= 0:
+            return nn.Identity()
+        return nn.Sequential(nn.Linear(self.embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A new, freshly initialised head for ``num_classes`` (0: pooled features)."""
+        hidden = self.head[0].out_features if isinstance(self.head, nn.Sequential) else 2 * self.embed_dim
+        self.num_classes, self.head = num_classes, self._make_head(num_classes, hidden)
+        init_linear_and_norm(self.head)
+
+    def example_inputs(self, batch: int = 1, generator: Optional[torch.Generator] = None):
+        """Random ids of the model's full length, as the one argument of ``model(...)`` (what registry-wide
+        checks and ``vitmix.create_model`` call it with)."""
+        return (torch.randint(0, self.vocab_size, (batch, self.seq_len), generator=generator),)
+
+    def embed_ids(self, ids: Tensor) -> Tensor:
+        """``(B, N)`` ids → ``(B, N, C)`` embedded tokens with positions; one-line errors for bad input."""
+        if ids.dim() != 2:
+            raise ValueError(f"expected ids (B, N), got a {ids.dim()}-D tensor of shape {tuple(ids.shape)}")
+        n = ids.shape[1]
+        if n > self.seq_len:
+            raise ValueError(f"a sequence of {n} tokens is longer than the model's position table "
+                             f"(seq_len={self.seq_len}); build the model with seq_len >= {n}")
+        if ids.is_floating_point() or ids.is_complex():
+            raise ValueError(f"expected integer ids, got {ids.dtype}")
+        # a value check reads the data: eager only (compiled and exported graphs stay free of it)
+        eager = not (torch.jit.is_tracing() or torch.compiler.is_compiling())
+        if eager and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"ids must lie in 0..{self.vocab_size - 1} (vocab_size={self.vocab_size}), got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+        if self.embed == "tokens":
+            x = self.tokens(ids)
+        else:
+            x = self.tokens((ids.to(self.pos_embed.dtype) / (self.vocab_size - 1)).unsqueeze(-1))
+        return self.pos_drop(x + self.pos_embed[:, :n])
+
+    def forward_features(self, ids: Tensor) -> Tensor:
+        """``(B, N, C)`` normalised tokens after the blocks."""
+        return self.norm(self.blocks(self.embed_ids(ids)))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = x.mean(dim=1)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(ids))
+
+
+# timm's configs hold an input as (C, H, W): a sequence is read as 1 x 1 x N (ids, so no mean/std)
+default_cfgs = generate_default_cfgs({
+    "seq_lra_tiny.untrained": model_cfg(input_size=(1, 1, 2000), num_classes=10, mean=(0.0,), std=(1.0,),
+                                        crop_pct=1.0, first_conv="tokens", classifier="head.2"),
+})
+
+
+def _sequence(fn):
+    """Mark a model function as taking ``(B, N)`` ids (read by :func:`is_sequence_model`)."""
+    fn.sequence = True
+    return fn
+
+
+def is_sequence_model(name: str) -> bool:
+    """True for registered models whose input is a sequence of ids ``(B, N)`` (``seq_*``)."""
+    import timm
+
+    try:
+        fn = timm.models.model_entrypoint(name.split(".")[0])
+    except (KeyError, RuntimeError):       # unknown name: create_model reports it
+        return False
+    return bool(getattr(fn, "sequence", False))
+
+
+@register_model
+@_sequence
+def seq_lra_tiny(pretrained: bool = False, **kwargs) -> SequenceClassifier:
+    """Nyströmformer's LRA encoder size: 2 layers, width 64, 2 heads of 32, FFN 128, mean pooling; default
+    2000 positions, 256 ids and 10 classes (pass a dataset's ``SequenceInfo.model_kwargs()``)."""
+    return build_model_with_cfg(SequenceClassifier, "seq_lra_tiny", pretrained, kwargs_filter=("in_chans",),
+                                **kwargs)
+
+
+__all__ = ["EMBEDDINGS", "SequenceClassifier", "is_sequence_model", "seq_lra_tiny", "sequence_mixers"]
