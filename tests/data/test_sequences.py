@@ -129,6 +129,8 @@ def test_pathfinder_is_deterministic_per_image_and_checks_its_parameters():
         pathfinder.generate(0, 0, 1, pathfinder.PathfinderParams(gap=3))
     with pytest.raises(ValueError, match="size >= 12"):
         pathfinder.PathfinderParams(size=8).check()
+    with pytest.raises(ValueError, match="do not fit a 12x12 image"):            # bounded, not an endless retry
+        pathfinder.generate(0, 0, 1, pathfinder.PathfinderParams(size=12, dashes=12, dash=3))
 
 
 # --- the cache -----------------------------------------------------------------------------------------

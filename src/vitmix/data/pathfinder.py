@@ -25,8 +25,8 @@ import numpy as np
 LINK = 2
 #: arc length between the points sampled along a path (fine enough that a dash's pixels touch)
 _STEP = 0.25
-#: tries to place one path before the image is started again
-_TRIES = 60
+#: tries to place one path before the image is started again, and image starts before giving up
+_TRIES, _RESTARTS = 60, 50
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,9 @@ def _place(rng, p: PathfinderParams, blocked: np.ndarray, ends: Tuple[int, ...])
 
 def draw(rng: np.random.Generator, connected: bool, p: PathfinderParams = PathfinderParams()):
     """One image: ``(image (size, size) uint8 in {0, 255}, markers (2, 2) int (row, col))``; the markers are
-    the two ends of one main path when ``connected``, else one end of each main path."""
-    while True:
+    the two ends of one main path when ``connected``, else one end of each main path; ``ValueError`` when the
+    two main paths do not fit the canvas."""
+    for _ in range(_RESTARTS):
         blocked = np.zeros((p.size, p.size), bool)
         image = np.zeros((p.size, p.size), bool)
         placed: List[np.ndarray] = []
@@ -130,6 +131,8 @@ def draw(rng: np.random.Generator, connected: bool, p: PathfinderParams = Pathfi
         a, b = placed
         markers = np.stack([a[0], a[-1]] if connected else [a[0], b[-1]])
         return image.astype(np.uint8) * 255, markers
+    raise ValueError(f"two paths of {p.dashes} dashes of {p.dash} pixels do not fit a {p.size}x{p.size} image "
+                     f"{LINK + 1} pixels apart; use fewer or shorter dashes or a larger size")
 
 
 def generate(seed: int, split: int, n: int, p: PathfinderParams = PathfinderParams(), progress=None):
