@@ -65,6 +65,8 @@ def test_linear_pixel_embedding_reads_ids_as_intensities():
     assert not torch.allclose(model(bright), model(dark))
     model.reset_classifier(4)
     assert model(dark).shape == (1, 4) and model.head[0].out_features == 128
+    model.reset_classifier(0)
+    assert model(dark).shape == (1, 64)                                       # the pooled features
 
 
 def test_a_few_steps_lower_the_loss_on_tiny_listops(tmp_path):

@@ -64,6 +64,7 @@ class SequenceClassifier(nn.Module):
                              f"1-D sequences: {', '.join(sequence_mixers())}")
         self.num_classes, self.seq_len, self.vocab_size, self.embed = num_classes, seq_len, vocab_size, embed
         self.num_features = self.embed_dim = embed_dim
+        self.mlp_dim = mlp_dim
         self.num_prefix_tokens = 0
         self.tokens = nn.Embedding(vocab_size, embed_dim) if embed == "tokens" else nn.Linear(1, embed_dim)
         self.pos_embed = nn.Parameter(torch.zeros(1, seq_len, embed_dim))
@@ -75,22 +76,21 @@ class SequenceClassifier(nn.Module):
                   attn_drop=attn_drop_rate, drop_path=dpr[i], attn_layer=attn_layer)
             for i in range(depth)])
         self.norm = nn.LayerNorm(embed_dim)
-        self.head = self._make_head(num_classes, mlp_dim)
+        self.head = self._make_head(num_classes)
         init_linear_and_norm(self)
         trunc_normal_(self.pos_embed, std=0.02)
         if embed == "tokens":
             nn.init.normal_(self.tokens.weight, std=0.02)
         set_token_grid(self, (1, seq_len), 0)      # mixers sized by N (Linformer) are built for seq_len
 
-    def _make_head(self, num_classes: int, hidden: int) -> nn.Module:
+    def _make_head(self, num_classes: int) -> nn.Module:
         if num_classes <= 0:
             return nn.Identity()
-        return nn.Sequential(nn.Linear(self.embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        return nn.Sequential(nn.Linear(self.embed_dim, self.mlp_dim), nn.ReLU(), nn.Linear(self.mlp_dim, num_classes))
 
     def reset_classifier(self, num_classes: int) -> None:
-        """A new, freshly initialised head for ``num_classes`` (0: pooled features)."""
-        hidden = self.head[0].out_features if isinstance(self.head, nn.Sequential) else 2 * self.embed_dim
-        self.num_classes, self.head = num_classes, self._make_head(num_classes, hidden)
+        """A new, freshly initialised head for ``num_classes`` (0: the pooled features)."""
+        self.num_classes, self.head = num_classes, self._make_head(num_classes)
         init_linear_and_norm(self.head)
 
     def example_inputs(self, batch: int = 1, generator: Optional[torch.Generator] = None):
