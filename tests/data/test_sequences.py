@@ -252,3 +252,13 @@ def test_sequence_info_gives_the_model_its_sizes(tmp_path):
                                              min_len=3, max_len=12, progress=False)
     assert info.kind == "sequence"
     assert info.model_kwargs() == {"num_classes": 10, "seq_len": 12, "vocab_size": 16}
+
+
+def test_training_an_image_model_on_a_sequence_set_is_a_one_line_cli_error(tmp_path, capsys):
+    from vitmix.cli import main
+
+    assert main(["train", "--data", "listops", "--model", "vit_nano_patch4_32", "--epochs", "1",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "listops holds 1-D token sequences, not images" in err[0], err
+    assert not (tmp_path / "run").exists()
