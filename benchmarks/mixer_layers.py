@@ -22,7 +22,7 @@ plus the L1-distance accumulations of the Laplacian kernel (which ``FlopCounterM
 see), with and without the Newton–Schulz iterations.
 
 Run: ``flock /tmp/vitmix-bench.lock .venv/bin/python benchmarks/mixer_layers.py`` (or ``--macs``).
-Writes ``benchmarks/results/mixer_layers/{results.md,results.csv,results.json,mixer_layers.png}``
+Writes ``benchmarks/results/mixer_layers/<machine>/{results.md,results.csv,results.json,mixer_layers.png}``
 (``--macs``: ``macs.md``, ``macs.json``).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch
 
 from vitmix import mixers
 from vitmix._util import markdown_table, write_csv
-from vitmix.bench.env import cpu_model
+from vitmix.bench.env import cpu_model, machine_tag
 from vitmix.bench.memory import peak_memory
 from vitmix.bench.report import loglog_panels
 from vitmix.bench.timing import time_call
@@ -217,7 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--min-run-time", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=OUT_DIR)
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"output folder (default {OUT_DIR}/<machine>; --macs: {OUT_DIR})")
     ap.add_argument("--macs", action="store_true", help="count pyramid-model MACs instead of timing layers")
     args = ap.parse_args(argv)
     if args.threads:
@@ -225,6 +226,7 @@ def main(argv=None) -> int:
     for n in args.sizes:
         if math.isqrt(n) ** 2 != n or n < M:
             ap.error(f"N={n}: need a square number >= {M}")
+    args.out = args.out or (OUT_DIR if args.macs else OUT_DIR / machine_tag())
     info = machine()
     cmd = ("python benchmarks/mixer_layers.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     print(f"# machine: {info}", flush=True)
