@@ -5,7 +5,7 @@ Run (about 5 minutes on 2 CPU cores)::
     .venv/bin/python benchmarks/fibottention.py            # writes benchmarks/results/fibottention/<machine>/
     .venv/bin/python benchmarks/fibottention.py --quick    # N = 784 only, a smoke test (runs/fibottention-partial)
 
-Setting of issue 4: batch 1, 12 heads × 64 (dim 768), one CLS token + N ∈ {784, 4096, 16384}
+Setting: batch 1, 12 heads × 64 (dim 768), one CLS token + N ∈ {784, 4096, 16384}
 patch tokens, Fibottention offsets of layer 0 (default variant, w_min = 5, w_max = N // 3).
 
 - **op level** (q, k, v → output, no projections): ``sparse`` (C kernel and PyTorch backend),

@@ -1,6 +1,6 @@
 """Token-mixing op benchmark: Laplacian Nyström vs Gaussian (SOFT) Nyström vs softmax SDPA.
 
-Issue 3 item 8, first level (the op alone: q, k, v -> output, no projections). Batch 1, 6 heads of
+The first level (the op alone: q, k, v -> output, no projections). Batch 1, 6 heads of
 64 (dim 384), N in {1024, 4096, 16384} tokens on a square grid. For each op: forward time,
 forward+backward time (median, :func:`vitmix.bench.timing.time_call`) and peak tensor memory of
 forward+backward (:func:`vitmix.bench.memory.peak_memory`: ``MemTracker``, inputs excluded).

@@ -1,6 +1,6 @@
 """Whole mixer layer benchmark: ``laplacian`` and ``soft`` layers vs the ``softmax`` (SDPA) layer.
 
-Issue 3 item 8, second level: what a model sees, projections included. Batch 1, dim 384, 6 heads
+The second level, what a model sees, projections included. Batch 1, dim 384, 6 heads
 (head dim 64), N in {1024, 4096, 16384} tokens on a square grid (32², 64², 128²). For each layer:
 forward time, forward+backward time (medians, :func:`vitmix.bench.timing.time_call`:
 ``torch.utils.benchmark`` with ``num_threads=torch.get_num_threads()``) and the peak tensor memory of
@@ -8,7 +8,7 @@ forward+backward (:func:`vitmix.bench.memory.peak_memory`: ``MemTracker``; param
 included, since they are part of the layer's cost).
 
 * ``laplacian``: ``vitmix.mixers.create("laplacian", 384, 6, qkv_bias=True, num_landmarks=49)``
-  (λ = 4, injective normalisation, 20 Newton–Schulz iterations, 3×3 depthwise conv on V);
+  (λ = 4, injective normalisation, the default Newton–Schulz steps, 3×3 depthwise conv on V);
 * ``soft``: ``create("soft", 384, 6, qkv_bias=True, num_landmarks=49)`` (official conv landmarks
   after adaptive pooling to 14×14, tied Q = K, per-head 3×3 conv on V);
 * ``softmax``: ``create("softmax", 384, 6, qkv_bias=True)`` (fused SDPA, same projections as timm).

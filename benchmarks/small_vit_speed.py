@@ -1,4 +1,4 @@
-"""Speed where small ViTs live (issue 23, deliverable 3): the leaderboard model and two layers, against softmax.
+"""Speed where small ViTs live: the leaderboard model and two layers, against softmax.
 
 The leaderboard model is ``configs/fashion-mnist-196.yaml``'s: ``vit_nano_patch4_32`` at 28×28, patch 2
 (196 grid tokens + CLS), width 64, 2 heads, depth 4. For each entry, in one process and alternating

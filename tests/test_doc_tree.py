@@ -85,3 +85,25 @@ def test_architecture_lists_every_package_and_subcommand():
     (listed,) = re.findall(r"the `vitmix` command: (.*)", text)
     subparsers = next(a for a in build_parser()._actions if a.dest == "command")
     assert sorted(c.strip() for c in listed.split("|")) == sorted(subparsers.choices)
+
+
+#: what a measurement looks like in prose: a time, a throughput, the date it was taken, this project's machine
+LAB_NOTE = re.compile(r"\d\s?(ms|µs|s per|img/s|images/s)\b|\b20\d\d-\d\d-\d\d\b|"
+                      r"\b(January|February|March|April|May|June|July|August|September|October|November|December) "
+                      r"\d\d?\b|this project's (AMD|Intel|CPU|machine)")
+
+
+def test_docstrings_carry_no_measurements():
+    """Docstrings say what a thing does and why; timings, dates and machines go to the docs pages that cite
+    the results files (they would be stale after the next change of the code or the machine)."""
+    import ast
+
+    notes = []
+    for path in sorted((ROOT / "src" / "vitmix").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node) or ""
+                notes += [f"{path.relative_to(ROOT)}:{getattr(node, 'name', '<module>')}: {m.group(0)!r}"
+                          for m in LAB_NOTE.finditer(doc)]
+    assert not notes, "measurements in docstrings (move them to docs/):\n" + "\n".join(notes)

@@ -1,4 +1,4 @@
-"""How much of a trained softmax ViT each mixer keeps when converted to it (issue 26).
+"""How much of a trained softmax ViT each mixer keeps when converted to it.
 
 One softmax teacher per seed is trained with the config's recipe; it is then converted to each mixer
 (``vitmix train --init-from TEACHER --mixer NAME``) and measured at four points: right after the

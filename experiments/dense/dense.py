@@ -1,4 +1,4 @@
-"""Dense-prediction comparison (issue 25): segmentation at 128² and 256², detection at 256², five backbones.
+"""Dense-prediction comparison: segmentation at 128² and 256², detection at 256², five backbones.
 
 One pyramid (widths 16/32/80/128, depths 1/1/2/1) with the Laplacian, SOFT and softmax mixers, WeightFormer-Nano,
 and a ResNet-18-FPN baseline (timm's ``resnet18``, torchvision's ResNet-18 architecture, untrained like the
