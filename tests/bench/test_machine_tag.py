@@ -35,3 +35,15 @@ def test_bench_out_with_machine_placeholder_writes_under_the_machine(tmp_path):
     assert main([*args, "--out", str(tmp_path / "{machine}")]) == 0
     assert (tmp_path / machine_tag() / "results.md").is_file()
     assert [p.name for p in tmp_path.iterdir()] == [machine_tag()]
+
+
+def test_a_full_script_run_files_under_the_machine_and_a_partial_one_under_runs():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_script_kernel_attention", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.parse_args([]).out == script.OUT_DIR / machine_tag()
+    assert script.parse_args(["--sizes", "1024"]).out == Path("runs/kernel_attention-partial")
