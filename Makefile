@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks experiments
 
 clean:
 	rm -rf runs .pytest_cache

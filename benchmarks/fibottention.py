@@ -2,10 +2,10 @@
 
 Run (about 5 minutes on 2 CPU cores)::
 
-    .venv/bin/python benchmarks/fibottention.py            # writes benchmarks/results/fibottention/
+    .venv/bin/python benchmarks/fibottention.py            # writes benchmarks/results/fibottention/<machine>/
     .venv/bin/python benchmarks/fibottention.py --quick    # N = 784 only, a smoke test (runs/fibottention-partial)
 
-Setting of issue 4: batch 1, 12 heads × 64 (dim 768), one CLS token + N ∈ {784, 4096, 16384}
+Setting: batch 1, 12 heads × 64 (dim 768), one CLS token + N ∈ {784, 4096, 16384}
 patch tokens, Fibottention offsets of layer 0 (default variant, w_min = 5, w_max = N // 3).
 
 - **op level** (q, k, v → output, no projections): ``sparse`` (C kernel and PyTorch backend),
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from vitmix import mixers
 from vitmix._util import markdown_table, write_csv
-from vitmix.bench.env import cpu_model
+from vitmix.bench.env import cpu_model, machine_tag
 from vitmix.bench.memory import peak_memory
 from vitmix.bench.timing import time_call
 from vitmix.ops import diagonal as sd
@@ -306,11 +306,13 @@ def main(argv=None):
                         help="patch-token counts (default 784 4096 16384)")
     parser.add_argument("--slow", action="store_true", help="also time the PyTorch backend at N > 4096")
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"output folder (default: {OUT_DIR} for a full run, runs/fibottention-partial otherwise)")
+                        help=f"output folder (default: {OUT_DIR}/<machine> for a full run, runs/fibottention-partial "
+                             "otherwise)")
     args = parser.parse_args(argv)
     sizes = args.sizes or ([784] if args.quick else [784, 4096, 16384])
     # a quick or partial run never replaces the committed results
-    out = args.out or (OUT_DIR if sorted(sizes) == [784, 4096, 16384] else Path("runs/fibottention-partial"))
+    full = sorted(sizes) == [784, 4096, 16384]
+    out = args.out or (OUT_DIR / machine_tag() if full else Path("runs/fibottention-partial"))
     info = machine()
     print(f"machine: {info}", flush=True)
     rows = []

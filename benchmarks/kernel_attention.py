@@ -1,6 +1,6 @@
 """Token-mixing op benchmark: Laplacian Nyström vs Gaussian (SOFT) Nyström vs softmax SDPA.
 
-Issue 3 item 8, first level (the op alone: q, k, v -> output, no projections). Batch 1, 6 heads of
+The first level (the op alone: q, k, v -> output, no projections). Batch 1, 6 heads of
 64 (dim 384), N in {1024, 4096, 16384} tokens on a square grid. For each op: forward time,
 forward+backward time (median, :func:`vitmix.bench.timing.time_call`) and peak tensor memory of
 forward+backward (:func:`vitmix.bench.memory.peak_memory`: ``MemTracker``, inputs excluded).
@@ -13,7 +13,7 @@ forward+backward (:func:`vitmix.bench.memory.peak_memory`: ``MemTracker``, input
 
 Run: ``.venv/bin/python benchmarks/kernel_attention.py [--sizes 1024 4096 16384]``; other
 sizes, ops or repeat counts write to ``runs/kernel_attention-partial`` unless ``--out`` is given.
-Writes ``benchmarks/results/kernel_attention/{results.md,results.csv,results.json,kernel_attention.png}``.
+Writes ``benchmarks/results/kernel_attention/<machine>/{results.md,results.csv,results.json,kernel_attention.png}``.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from vitmix._util import markdown_table, write_csv
-from vitmix.bench.env import cpu_model
+from vitmix.bench.env import cpu_model, machine_tag
 from vitmix.bench.memory import peak_memory
 from vitmix.bench.report import loglog_panels
 from vitmix.bench.timing import time_call
@@ -107,13 +107,14 @@ def parse_args(argv):
     ap.add_argument("--min-run-time", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None,
-                    help=f"output folder (default: {OUT_DIR} for a full run, runs/kernel_attention-partial otherwise)")
+                    help=f"output folder (default: {OUT_DIR}/<machine> for a full run, runs/kernel_attention-partial "
+                         "otherwise)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     args = ap.parse_args(argv)
     full = (args.sizes == [1024, 4096, 16384] and args.ops == list(OPS) and args.min_run_time == 1.0
             and args.repeats == 3)
     # a partial run never replaces the committed results
-    args.out = args.out or (OUT_DIR if full else Path("runs/kernel_attention-partial"))
+    args.out = args.out or (OUT_DIR / machine_tag() if full else Path("runs/kernel_attention-partial"))
     for n in args.sizes:
         if math.isqrt(n) ** 2 != n or n < M_SIDE ** 2:
             ap.error(f"N={n}: need a square number >= {M_SIDE ** 2} (the tokens form a square grid)")

@@ -15,7 +15,7 @@ N = 197 (CLS + 14²) and N = 65 (CLS + 8², the demo). Times are medians from
 second call; and a ``torch.profiler`` table of the laplacian layer at N = 4096.
 
 Run (idle machine, 2 threads): ``.venv/bin/python benchmarks/projection_floor.py``; writes
-``benchmarks/results/projection_floor/{results.md,results.json,profile_4096.txt}``. ``--quick``
+``benchmarks/results/projection_floor/<machine>/{results.md,results.json,profile_4096.txt}``. ``--quick``
 (smaller repeat counts) writes to ``runs/projection_floor-quick`` instead, never over committed results.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch import nn
 
 from vitmix import mixers
 from vitmix._util import markdown_table
-from vitmix.bench.env import environment
+from vitmix.bench.env import environment, machine_tag
 from vitmix.bench.timing import time_call
 
 DIM, HEADS = 384, 6
@@ -157,10 +157,10 @@ def write(rows, calls, env, out: Path, cmd: str) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short timings, written to runs/projection_floor-quick")
-    ap.add_argument("--out", type=Path, default=None, help=f"output folder (default {OUT})")
+    ap.add_argument("--out", type=Path, default=None, help=f"output folder (default {OUT}/<machine>)")
     args = ap.parse_args(argv)
-    out = args.out or (Path("runs/projection_floor-quick") if args.quick else OUT)
     env = dict(environment(), load_before=os.getloadavg()[0])
+    out = args.out or (Path("runs/projection_floor-quick") if args.quick else OUT / machine_tag(env))
     cmd = "python benchmarks/projection_floor.py" + (" --quick" if args.quick else "")
     rows = bench_layers(0.2 if args.quick else 1.0)
     calls = first_call()

@@ -1,4 +1,4 @@
-"""Speed where small ViTs live (issue 23, deliverable 3): the leaderboard model and two layers, against softmax.
+"""Speed where small ViTs live: the leaderboard model and two layers, against softmax.
 
 The leaderboard model is ``configs/fashion-mnist-196.yaml``'s: ``vit_nano_patch4_32`` at 28×28, patch 2
 (196 grid tokens + CLS), width 64, 2 heads, depth 4. For each entry, in one process and alternating
@@ -31,11 +31,12 @@ from torch.utils.benchmark import Timer
 
 import vitmix
 from vitmix import mixers
-from vitmix.bench.env import cpu_model
+from vitmix.bench.env import cpu_model, machine_tag
 from vitmix.bench.targets import parse_mixer_spec
 
 DEFAULT_ENTRIES = "softmax,soft,laplacian"
 MODEL = dict(img_size=28, in_chans=1, num_classes=10, patch_size=2, embed_dim=64, depth=4, num_heads=2)
+OUT_DIR = Path(__file__).resolve().parent / "results" / "small_vit_speed"
 LAYERS = {"layer N=64+1 dim 128 h4": (128, 4, 8), "layer N=196+1 dim 384 h6": (384, 6, 14)}
 
 
@@ -107,8 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-run-time", type=float, default=0.5)
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/small_vit_speed"))
+    ap.add_argument("--out", type=Path, default=None, help=f"output folder (default {OUT_DIR}/<machine>)")
     args = ap.parse_args(argv)
+    args.out = args.out or OUT_DIR / machine_tag()
     specs = [e.strip() for e in args.entries.split(",") if e.strip()]
     if specs[0] != "softmax":
         specs.insert(0, "softmax")

@@ -1,4 +1,4 @@
-"""The benchmark scripts never replace committed results with a quick or partial run."""
+"""The benchmark and experiment scripts never replace committed results with a quick or partial run."""
 import hashlib
 import json
 import importlib.util
@@ -9,21 +9,28 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+SCRIPTS = {"fibottention": "benchmarks", "onnx_parity": "benchmarks", "learning": "experiments/learning",
+           "learning_diagnostics": "experiments/learning", "convert_recovery": "experiments/convert_recovery"}
+
+
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", ROOT / "benchmarks" / f"{name}.py")
+    path = ROOT / SCRIPTS[name] / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def _digests(folder: pathlib.Path):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_fibottention_quick_run_writes_beside_not_over_committed_results(tmp_path, monkeypatch):
     """Measurements are stubbed: the test is about where the files go."""
     fib = _load("fibottention")
-    committed = _digests(fib.OUT_DIR)
+    committed = _digests(fib.OUT_DIR)          # every machine's folder
+    assert committed
     row = {"level": "op", "N": 784, "method": "SDPA (dense)", "fwd_ms": 1.0, "fwd_bwd_ms": 2.0, "peak_fwd_bwd_mib": 3.0}
     info = {"cpu": "test", "logical_cpus": 1, "torch": "x", "torch_threads": 1, "python": "3", "c_kernel": True,
             "load_average_start": (0.0, 0.0, 0.0)}
@@ -38,7 +45,7 @@ def test_fibottention_quick_run_writes_beside_not_over_committed_results(tmp_pat
 
 
 def test_learning_script_trains_through_vitmix_compare_and_reads_finished_runs_back(tmp_path, monkeypatch):
-    """benchmarks/learning.py plans and runs its entries with vitmix.compare's runner: a second call
+    """experiments/learning/learning.py plans and runs its entries with vitmix.compare's runner: a second call
     trains nothing and writes the same table."""
     learning = _load("learning")
     cfg = tmp_path / "tiny.yaml"
@@ -193,7 +200,7 @@ def test_learning_grid_reads_committed_values_back_without_the_runs_and_forget_r
 
 
 def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_path, monkeypatch):
-    """benchmarks/convert_recovery.py: teacher, converted students and from-scratch runs are trained
+    """experiments/convert_recovery/convert_recovery.py: teacher, converted students and from-scratch runs are trained
     once; a second call retrains nothing, re-measures nothing and writes the same table."""
     recovery = _load("convert_recovery")
     cfg = tmp_path / "tiny.yaml"

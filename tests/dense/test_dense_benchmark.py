@@ -1,4 +1,4 @@
-"""``benchmarks/dense.py`` end to end at a tiny scale (synthetic garments as the Fashion-MNIST files, one
+"""``experiments/dense/dense.py`` end to end at a tiny scale (synthetic garments as the Fashion-MNIST files, one
 optimizer step per run): the table, CSV and JSON rows, the goals, and that a second call trains and measures
 nothing, an interrupted run is continued with ``--resume`` and a run folder that is gone is read back from
 the committed ``dense.json``."""
@@ -21,7 +21,7 @@ HAVE_COCO = importlib.util.find_spec("pycocotools") is not None
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_script_dense", ROOT / "benchmarks" / "dense.py")
+    spec = importlib.util.spec_from_file_location("bench_script_dense", ROOT / "experiments" / "dense" / "dense.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -137,7 +137,7 @@ def test_quick_runs_never_write_the_committed_folder():
     dense = _load()
     segment = ["--tasks", "segment-128"]
     assert dense.parse_args(["--quick", *segment]).out == Path("runs/dense-bench-quick/results")
-    assert dense.parse_args(segment).out == ROOT / "benchmarks" / "results" / "dense"
+    assert dense.parse_args(segment).out == ROOT / "experiments" / "dense" / "results"
 
 
 def test_a_study_backbone_passes_its_mixer_options_to_training_and_costs(tmp_path, monkeypatch):

@@ -66,7 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend for --compile (default inductor)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench-results", help="results directory (default ./bench-results)")
+    p.add_argument("--out", default="bench-results",
+                   help="results directory (default ./bench-results); {machine} in it becomes the machine's name, "
+                        "e.g. cpu-amd-epyc-2c-torch2.14, so that one machine's table never replaces another's")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -94,6 +96,7 @@ def config_from_args(args) -> BenchConfig:
 
 def run(args) -> int:
     """Entry point of ``vitmix bench``."""
+    from .env import machine_tag
     from .report import summary_text, write_results
     from .sweep import run_sweep
 
@@ -102,7 +105,7 @@ def run(args) -> int:
     argv = sys.argv[1:]
     command = ("vitmix " + " ".join(shlex.quote(a) for a in argv) if argv and argv[0] == "bench"
                else "vitmix bench " + _reconstruct(args))
-    paths = write_results(result, args.out, command=command)
+    paths = write_results(result, args.out.replace("{machine}", machine_tag(result.environment)), command=command)
     print(summary_text(result))
     print()
     for note in result.notes:

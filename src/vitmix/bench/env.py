@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import subprocess
 from typing import Optional
 
@@ -95,4 +96,25 @@ def environment(device="cpu") -> dict:
     return env
 
 
-__all__ = ["environment", "cpu_model", "load_average", "gpu_info", "driver_version"]
+def _slug(name: str) -> str:
+    """``"Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.0GHz"`` -> ``"intel-xeon-platinum-8480"``."""
+    name = re.sub(r"\((R|TM)\)|@.*$|\b(CPU|Processor|NVIDIA|\d+-Core)\b", " ", name, flags=re.IGNORECASE)
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+def machine_tag(env: Optional[dict] = None) -> str:
+    """A file-name-safe name of the machine a timing comes from, e.g. ``cpu-amd-epyc-2c-torch2.14`` or
+    ``gpu-h100-80gb-hbm3-torch2.11``.
+
+    Timings depend on the CPU or GPU and the torch release more than on vitmix, so every timing writer puts
+    its results under a folder of this name: a run on one machine never replaces another machine's table.
+    ``env`` is an :func:`environment` dict (measured now when omitted).
+    """
+    env = env if env is not None else environment()
+    torch_version = ".".join(env["torch"].split("+")[0].split(".")[:2])
+    if str(env.get("device", "cpu")).startswith("cuda"):
+        return f"gpu-{_slug(env['device_name'])}-torch{torch_version}"
+    return f"cpu-{_slug(env['cpu'])}-{env['cpu_count']}c-torch{torch_version}"
+
+
+__all__ = ["environment", "machine_tag", "cpu_model", "load_average", "gpu_info", "driver_version"]

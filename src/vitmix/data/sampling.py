@@ -55,8 +55,8 @@ class SeededSamples(Dataset):
 
     In the main process torch's RNG state is restored afterwards, so the training loop's own draws
     (e.g. dropout) do not depend on how many images were loaded; nothing in training draws from
-    Python's ``random``, which is left as the last image set it (saving it would cost ~20 µs per
-    image), and NumPy's (timm's ``Mixup``) is never touched."""
+    Python's ``random``, which is left as the last image set it (saving and restoring it per image
+    would cost more than the image's own draws), and NumPy's (timm's ``Mixup``) is never touched."""
 
     def __init__(self, base: Dataset, seed: int):
         self.base, self.seed = base, seed

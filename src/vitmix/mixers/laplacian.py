@@ -25,7 +25,7 @@ documented in ``docs/soft-laplacianformer.md``:
   ``normalize=False`` is the un-normalised ablation;
 * a **local depthwise convolution** on ``V`` (not public): default per-channel ``3×3`` with bias
   (``conv_groups="channel"``, as PVT-style re-implementations); ``"head"`` gives SOFT's per-head
-  filter shared by the head's channels (faster early on digits, weaker on Fashion-MNIST with 2 heads);
+  filter shared by the head's channels;
   ``conv_kernel=0`` disables it;
 * optional 2-D axial **RoPE** on the grid queries and keys (``rope=True``), reported by secondary
   sources for the paper's backbone.
@@ -73,83 +73,53 @@ def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -
 class LaplacianAttention(LandmarkMixer):
     """LaplacianFormer attention: L1 kernel, Nyström landmarks, Newton–Schulz inverse, injective map.
 
-    Each design choice is explained in the module docstring.
+    With the default landmark count the layer is linear in the number of tokens: queries and keys meet
+    only through at most 49 pooled landmarks. The module docstring lists the design choices;
+    ``docs/soft-laplacianformer.md`` says why each default was chosen, with the measurements behind it.
 
     Args:
         dim, num_heads: channels and heads.
-        qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer: timm's meaning (``qk_norm`` uses
-            ``norm_layer`` or LayerNorm on each head's ``q`` and ``k``).
-        landmark_stride: landmark pooling window ``r`` on the token grid (per stage 8 / 4 / 2 / 1 in
-            the pyramid; default 2).
-        pool_ratio: deprecated name of ``landmark_stride`` (warns).
-        num_landmarks: ``"auto"`` (default): one landmark per ``r×r`` block, at most 7×7 = 49, by
-            adaptive average pooling, and on small grids no more than keep the kernel attention within
-            exact attention's FLOPs but not below 4×4 — at head dim 32: 16 landmarks on an 8×8 grid, 25 on
-            14×14, 49 from 28×28 up — so the layer is O(N) at any resolution and, above 4×4 landmarks,
-            never costlier than what it approximates
-            (:meth:`~vitmix.mixers.landmark.LandmarkMixer.landmark_count`); a perfect
-            square or ``(mh, mw)``: that fixed count; ``None``: ``r×r`` pooling alone (m = N/r²,
-            quadratic cost at high resolution).
+        qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer: timm's meaning (``qk_norm``: ``norm_layer``
+            or LayerNorm on each head's ``q`` and ``k``).
+        landmark_stride: landmark pooling window ``r`` on the grid (default 2; ``pool_ratio``: its
+            deprecated name).
+        num_landmarks: ``"auto"`` (default): one landmark per ``r×r`` block, at most 7×7, and on small
+            grids no more than keeps the layer within exact attention's FLOPs, but not below 4×4
+            (:meth:`~vitmix.mixers.landmark.LandmarkMixer.landmark_count`); a perfect square or
+            ``(mh, mw)``: that count; ``None``: ``r×r`` pooling alone (quadratic at high resolution).
         lam: Laplacian kernel bandwidth λ (default 4).
         qk_scale: multiplier of ``q`` and ``k`` before the L1 distance; ``None`` → ``d^(-1/2)``.
         normalize: apply the injective normalised feature map (default) or not (ablation).
-        norm_eps: ε under the column-variance square root of the normalisation (default 1e-3).
-            Columns whose variance over the queries is below ε are damped towards the uniform map.
-            The student re-implementation's 1e-6 whitens the near-constant columns of the initial
-            kernel into amplified noise (digits: qkv gradients dominate the clipped update). 1e-4
-            learned faster in 2-epoch diagnostic runs but worse on the full short grid recipe
-            (63.8 against 70.9 %, width 96, 3 heads, seed 0), so 1e-3 stays
-            (``docs/soft-laplacianformer.md``, "Off the tuning recipe").
-        norm_scale: ``"tokens"`` (default) divides the whitened part of the map by N, so that
-            ``ZV = mean(V) + (R·D^(-1/2)·V)/N`` (an average plus a unit-scale contrast; still
-            injective); ``"none"`` is the reconstructed paper formula ``Z = R·D^(-1/2) + 1/N``, whose
-            ``√N``-sized outputs give ~20x larger gradients at initialisation and train poorly
-            with gradient clipping (see ``docs/soft-laplacianformer.md``); ``"sqrt"`` divides by √N
-            (ablation); ``"learnt"`` learns a per-head exponent θ (init 0) of the factor
-            ``N^(θ-1)``, which moves between the three (ablation).
-        temperature: ``"head"`` multiplies the whitened part by a learnt per-head factor (ablation;
-            ``"none"`` default).
-        mean_weight: the initial value of a learnt per-head weight of the map's ``mean(V)`` term (its
-            ``1/N``). ``0.0`` (default) starts the layer without the uniform average that every token
-            receives at initialisation, so it starts from its local conv as SOFT does; it learned
-            faster or as fast at every grid shape and on digits, over 3 seeds each
-            (``docs/soft-laplacianformer.md``, "The map's mean(V) term"). ``None``: the reconstructed
-            map's fixed weight 1 (no parameter; checkpoints saved before this default load as weight 1).
-            Unused with ``normalize=False``.
-        newton_iters: Newton–Schulz iterations (default 10). With the ``α·Pᵀ`` start the iterate
-            inverts only the large singular directions of the landmark matrix; 10 steps filter more
-            than SOFT's 20 and learned faster and with less seed spread at every grid shape and on
-            the CI guard (``docs/soft-laplacianformer.md``, "Newton–Schulz steps"). The pyramid
-            models pass their own count (20).
+        norm_eps: ε under the column-variance square root (default 1e-3): near-constant columns are
+            damped towards the uniform map instead of being whitened into noise.
+        norm_scale: ``"tokens"`` (default): the whitened part divided by N, so the map is an average plus
+            a unit-scale contrast; ``"none"``: the reconstructed formula, whose ``√N``-sized outputs train
+            poorly under gradient clipping; ``"sqrt"``, ``"learnt"`` (a per-head exponent): ablations.
+        temperature: ``"head"``: a learnt per-head factor on the whitened part (ablation; default ``"none"``).
+        mean_weight: initial value of a learnt per-head weight of the map's ``mean(V)`` term; ``0.0``
+            (default) starts from the local conv as SOFT does; ``None``: the fixed weight 1 (no parameter).
+        newton_iters: Newton–Schulz iterations (default 10; the pyramid models pass 20). With the ``α·Pᵀ``
+            start fewer steps invert fewer small singular directions: a stronger spectral filter.
         newton_eps: diagonal perturbation of the landmark matrix (0.01).
-        newton_alpha: ``"transpose"`` (default: ``α·Pᵀ``, ``α = 1/(‖P‖₁‖P‖∞)``: never diverges and,
-            like SOFT's start, leaves the smallest eigen-directions of ``P`` un-inverted — a
-            spectrally filtered inverse that learned faster in the measurements),
-            ``"safe"`` (the converging start of :func:`vitmix.ops.newton_schulz_inverse`: the scaled
-            identity where the symmetric part of ``P`` is positive definite, residual ≤ 1e-3 after
-            20 steps at cond ≈ 500) or ``"official"`` (the authors' CUDA: ``V₀ = α·P``,
-            ``α = 1.8/‖W‖∞²``, which can diverge for tiny kernel values).
+        newton_alpha: ``"transpose"`` (default: ``α·Pᵀ``, never diverges), ``"safe"`` (the converging
+            start of :func:`vitmix.ops.newton_schulz_inverse`) or ``"official"`` (the authors' CUDA; can
+            diverge for tiny kernel values).
         inverse: ``"newton"`` (default) or ``"exact"`` (linear solve; analysis).
-        conv_kernel: local depthwise conv size on ``V`` (default 3; 0/None disables).
-        conv_groups: ``"channel"`` (default: per-channel depthwise with bias, as PVT-style
-            re-implementations) or ``"head"`` (SOFT's per-head filter shared across the head's
-            channels, no bias: learns the local prior sooner on digits but has only one filter per
-            head; see the learning study in ``docs/soft-laplacianformer.md``).
-        rope: apply 2-D axial RoPE to grid queries and keys (needs ``head_dim % 4 == 0``).
-        rope_base: RoPE frequency base.
-        grid_remainder: with ``num_landmarks=None``, ``"error"`` (default) or ``"floor"`` when the
-            grid is not divisible by the stride.
-        backend: who computes the kernel matrices and the Newton–Schulz loop (:mod:`vitmix.ops`):
-            ``"auto"`` (default: Triton for CUDA tensors when triton is installed, else PyTorch/C),
-            ``"triton"`` or ``"torch"``; the numbers are the same up to float32 rounding (``docs/gpu.md``).
+        conv_kernel, conv_groups: the local depthwise conv on ``V`` (default 3; 0/None disables) and its
+            grouping: ``"channel"`` (default, with bias) or ``"head"`` (SOFT's per-head filter).
+        rope, rope_base: 2-D axial RoPE on grid queries and keys (needs ``head_dim % 4 == 0``).
+        grid_remainder: with ``num_landmarks=None``, ``"error"`` (default) or ``"floor"`` when the grid
+            is not divisible by the stride.
+        backend: ``"auto"`` (Triton for CUDA tensors when installed, else PyTorch/C), ``"triton"`` or
+            ``"torch"``: who computes the kernel matrices and the Newton–Schulz loop (``docs/gpu.md``).
         hw, num_prefix_tokens: the token grid (see :class:`~vitmix.mixers.base.TokenMixer`).
 
     ``scale_norm`` and ``attn_drop`` are not supported (``ValueError`` when set).
     """
 
-    #: ``num_landmarks="auto"`` keeps at least 4×4 landmarks where the stride grid has them: with 3×3
-    #: on the demo's 8×8 grid (the exact-cost rule alone) digits learned 10–20 points slower mid-run
-    #: than with 4×4 (docs/soft-laplacianformer.md, "Landmark count")
+    #: ``num_landmarks="auto"`` keeps at least 4×4 landmarks where the stride grid has them: 3×3 on the
+    #: demo's 8×8 grid (the exact-cost rule alone) learned markedly slower (docs/soft-laplacianformer.md,
+    #: "Landmark count")
     min_landmark_side = 4
 
     #: the string options and the values each accepts
@@ -286,8 +256,8 @@ class LaplacianAttention(LandmarkMixer):
     def _pools_by_product(self, grid) -> bool:
         """Whether ``q`` and ``k`` are pooled as one product with the cached pooling matrix
         (:func:`vitmix.ops.avg_pool_landmarks`): on small grids (``N < 8m``, at most ~8·m²·d multiply-adds per
-        head, no channels-first copy of ``q`` and ``k``; layer N = 65, batch 32, fwd+bwd: 1.49× → 1.29×
-        softmax's time) with adaptive or tiling windows. Larger grids keep the O(N·d) pooling kernels."""
+        head, no channels-first copy of ``q`` and ``k``: fewer, larger calls where dispatch dominates) with
+        adaptive or tiling windows. Larger grids keep the O(N·d) pooling kernels."""
         prefix, h, w = grid
         mh, mw = self.landmark_count(h, w)
         return not self._floors_a_remainder(h, w) and prefix + h * w < 8 * mh * mw
@@ -405,8 +375,8 @@ class LaplacianAttention(LandmarkMixer):
         map with a fixed contrast scale, adaptive or tiling landmark windows, per-channel conv, no RoPE/q-k
         norm); ``None`` otherwise (the composed path, :meth:`_composed`, runs). At batch 1 and at small
         widths the composed path's ~50 small ops per layer forward (and ~60 backward) cost more than their
-        arithmetic (layer N = 65, dim 128, 4 heads, batch 32, fwd+bwd: 17.2 → 8.5 ms); from N ≈ 800 up the
-        two take the same time (N = 4096, dim 128, 2 heads, batch 4: 97.5 vs 98.1 ms)."""
+        arithmetic; at large N the two take the same time (docs/soft-laplacianformer.md, "Inference and
+        training in one C call")."""
         if (not self._eager_cpu(x) or not self.normalize or self.norm_scale == "learnt"
                 or self.log_tau is not None or self.rope or self.qk_normed
                 or self.inverse != "newton"

@@ -193,8 +193,8 @@ class WeightFormerMlp(nn.Module):
     Inference fast path (float32 CPU, no grad, no autocast, exact or tanh GELU, inactive dropout):
     each linear is one oneDNN primitive with the bias and the GELU fused into it, so the
     ``(B, N, 4C)`` hidden is written once and never re-read for the bias or the activation; the
-    dynamic layer forms its per-sample ``W0 + ΔW`` and runs fc1 → GELU → fc2 one sample at a time. On this
-    project's AMD CPU oneDNN's GEMM is also ~2× faster than the MKL ``addmm`` behind ``nn.Linear``.
+    dynamic layer forms its per-sample ``W0 + ΔW`` and runs fc1 → GELU → fc2 one sample at a time
+    (measured gains: ``docs/weightformer.md``).
     Same results up to float32 rounding (tested); training and other dtypes take the plain path.
     """
 

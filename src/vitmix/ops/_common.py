@@ -37,9 +37,10 @@ def traced() -> bool:
     The ops then call their ``torch.library`` custom ops (``torch.ops.vitmix.*``): one node in the graph,
     a fake implementation for the shapes, and the real implementation (C kernels included) when the
     compiled code runs. Eager calls keep the direct ``autograd.Function``s, which run the same forward
-    and backward functions: a custom-op call costs ~15 µs of dispatch (measured on this project's
-    CPU; 5-10 % of a small layer), and Python dispatch modes (``FlopCounterMode``, ``MemTracker``)
-    cannot see inside a custom op but do see the functions' own PyTorch calls.
+    and backward functions: a custom-op call adds dispatch overhead that is a visible share of a small
+    layer (``docs/kernel-ops.md``, "Costs behind the dispatch choices"), and Python dispatch modes
+    (``FlopCounterMode``, ``MemTracker``) cannot see inside a custom op but do see the functions' own
+    PyTorch calls.
     """
     return torch.compiler.is_compiling()
 
@@ -99,8 +100,8 @@ def single_thread_if_small(t: torch.Tensor, work: int, small: int = _SMALL_WORK)
 
     The Newton–Schulz loop is ~40 tiny batched matmuls; with several OpenMP threads each one pays a
     fork/join barrier that costs far more than the arithmetic, and on an oversubscribed machine a
-    barrier can wait for a descheduled thread (measured: 0.9 ms single-threaded vs 300 ms with 2
-    threads under load for 20 iterations on 6×49×49). The thread count is restored afterwards (it is
+    barrier can wait for a descheduled thread (``docs/kernel-ops.md``, "Costs behind the dispatch
+    choices"). The thread count is restored afterwards (it is
     process-global, like every ``torch.set_num_threads`` call).
     """
     if torch.compiler.is_compiling() or work > small:

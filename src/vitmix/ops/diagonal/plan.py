@@ -171,8 +171,8 @@ def _unflatten_offsets(flat: Sequence[int], counts: Sequence[int]) -> Tuple[Tupl
 
 @functools.lru_cache(maxsize=256)
 def _flat_plan(offsets: Tuple[int, ...], offset_counts: Tuple[int, ...], num_tokens: int, device: str) -> DiagonalPlan:
-    """:func:`_plan_cached` keyed by the op's flat arguments: regrouping them per head on every compiled
-    call cost ~17 µs, 10 % of a 14×14 layer's sparse product."""
+    """:func:`_plan_cached` keyed by the op's flat arguments, so that a compiled call does not regroup
+    them per head every time (a visible share of a small layer's sparse product)."""
     return _plan_cached(_unflatten_offsets(offsets, offset_counts), num_tokens, device)
 
 
