@@ -599,8 +599,13 @@ def report(result: dict) -> str:
 
 
 def plot(rows: List[dict], path: Path, title: str) -> Optional[Path]:
-    """Log–log time against N: op and layer panels, one line per (name, width) and dtype, forward + backward."""
-    import matplotlib
+    """Log–log time against N: op and layer panels, one line per (name, width) and dtype, forward + backward.
+    ``None`` without matplotlib (a bare GPU machine may lack it): the tables are written all the same."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        print(f"no time_vs_n.png: {err}", file=sys.stderr)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -407,6 +407,16 @@ def test_writer_makes_table_csv_json_and_png(gpu, tmp_path):
     assert "| 10.00× |" in md and "| 6,400 images/s |" in md
 
 
+def test_writer_without_matplotlib_writes_the_tables(gpu, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib raises ImportError
+    rows = [_row("op", "softmax", 1024, ms=1.0), _row("op", "laplacian", 1024, ms=0.5)]
+    result = {"environment": {"gpu": "Fake GPU 1"}, "bandwidth_gbs": None, "rows": rows, "elapsed_s": 1.0,
+              "goals": gpu.evaluate_goals(rows, None), "command": "x", "warnings": []}
+    paths = gpu.write_outputs(result, tmp_path)
+    assert sorted(p.name for p in paths) == ["results.csv", "results.json", "results.md"]
+    assert "no time_vs_n.png" in capsys.readouterr().err
+
+
 def test_main_measures_writes_and_prints_goals(gpu, monkeypatch, tmp_path, capsys):
     """The whole flow of a run with the device check pointed at the CPU and a two-entry plan."""
     entries = [gpu.Entry("op", "softmax", 64, 32, 2, "bf16", "fwd+bwd"),
