@@ -1,38 +1,46 @@
 """The GPU table of issue 12 in one call: ops, layers and models on one CUDA device, and the goals.
 
-Run (about 8 minutes on an H200; needs a CUDA device)::
+Run (needs a CUDA device; ``benchmarks/gpu_check.sh`` runs it as one part of the GPU check)::
 
-    .venv/bin/python benchmarks/gpu.py              # writes benchmarks/results/gpu/<gpu-name>/
-    .venv/bin/python benchmarks/gpu.py --quick      # N = 1024, 4096 and 224² only (runs/gpu-partial/<gpu-name>/)
-    .venv/bin/python benchmarks/gpu.py --dry-run    # lists every measurement, needs no GPU
+    python benchmarks/gpu.py              # writes benchmarks/results/gpu/<gpu-name>/
+    python benchmarks/gpu.py --quick      # N = 1024, 4096 and 224² only (runs/gpu-partial/<gpu-name>/)
+    python benchmarks/gpu.py --dry-run    # lists every measurement, needs no GPU
 
-Batch 1, N = 1024 … 65536 tokens (grid as square as N allows), bf16 and fp32, forward (under
-``no_grad``) and forward + backward, for
+Batch 1, N = 1024, 4096, 16384, 65536 tokens (grid as square as N allows), bf16 (``--dtypes bf16 fp32``
+adds fp32), forward (under ``no_grad``) and forward + backward, for
 
-- **op** (q, k, v → output, no projections), 6 heads × 64 (dim 384) and, for ``softmax`` and
-  ``fibottention``, 12 heads × 64 (dim 768): ``softmax`` = ``F.scaled_dot_product_attention`` (the SDPA
-  backend that ran is recorded: flash / efficient / cudnn / math); ``laplacian`` =
-  ``nystrom_attention(kernel="laplacian", lam=4, injective normalisation)`` and ``soft`` = the Gaussian one
-  with tied q = k, both with m = 49 landmarks pooled to 7×7 inside the op and 20 Newton–Schulz
-  iterations; ``fibottention`` = ``sparse_diagonal_attention`` with the layer-0 Fibonacci offsets;
+- **op** (q, k, v → output, no projections), 6 heads × 64 (dim 384) and, for SDPA and
+  ``fibottention``, 12 heads × 64 (dim 768): ``softmax`` = ``F.scaled_dot_product_attention`` with
+  SDPA's own choice (flash on Hopper and Ampere in bf16; the backend that ran is recorded per row),
+  ``softmax_cudnn`` = the same call held to cuDNN attention (faster than flash on Hopper);
+  ``laplacian`` = ``nystrom_attention(kernel="laplacian", injective normalisation)`` and ``soft`` = the
+  Gaussian one with tied q = k, both with m = 49 landmarks pooled to 7×7 inside the op and the
+  Newton–Schulz iterations, start and ε of the ``laplacian`` / ``soft`` mixer's defaults (read from the
+  mixer classes, so the op runs what the layer runs); ``fibottention`` = ``sparse_diagonal_attention``
+  with the layer-0 Fibonacci offsets;
 - **kernel**: the kernel matrix alone, ``laplacian_kernel(q, k̃)`` and ``gaussian_kernel(q, k̃)``
-  (m = 49), forward: achieved GB/s (bytes of q, k̃ and the output) against the device bandwidth
-  measured by a device-to-device copy;
+  (m = 49), forward: the share of the GPU's FP32 issue rate it reaches (it is compute-bound, see
+  :data:`FLOOR_NOTE`), and GB/s against a device-to-device copy for reference;
 - **layer**: the whole mixer as ``vitmix bench`` builds it (qkv and output projections; landmark
-  mixers with ``num_landmarks=49``), input in fp32 and bf16 under ``torch.autocast``;
-- **model**: images/s of ``weightformer_tiny`` and ``deit_tiny_patch16_224`` at 224² and 1248²
-  (batch ``--model-batch``).
+  mixers with ``num_landmarks=49``), input in fp32 and bf16 under ``torch.autocast``, 6 heads × 64;
+- **model**: training images/s (forward + backward, bf16 autocast, batch ``--model-batch``) of
+  ``laplacianformer_tiny`` against timm's ``pvt_v2_b1``, and ``deit_tiny_patch16_224`` and
+  ``weightformer_tiny``, at 224² and 448².
 
 Times are CUDA-event medians after a synchronised warm-up (:func:`vitmix.bench.timing.time_call`),
 peak memory is ``max_memory_allocated`` minus what was allocated before the call (inputs and
 parameters excluded, :func:`vitmix.bench.memory.peak_memory`). A call slower than ``--call-cap-s`` is
 timed once and larger N of its series are skipped; an out-of-memory entry is recorded as ``OOM`` (and
-larger N skipped); once ``--budget-s`` is spent the remaining entries are ``not run``. bf16 runs
-first, so a cut budget still leaves the goals' numbers.
+larger N skipped); once ``--budget-s`` is spent the remaining entries are ``not run``. The goals'
+rows run first within each dtype.
+
+``--device cpu`` runs the same code on CPU tensors (tiny ``--sizes``): a check of the plumbing for
+``gpu_check.sh --dry-run``, not a benchmark.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import re
 import sys
@@ -44,6 +52,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vitmix._util import markdown_table, write_csv
 from vitmix.bench.config import BenchConfig
@@ -59,22 +68,65 @@ from vitmix.mixers.flops import nystrom_flops
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "gpu"
-SIZES = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+SIZES = (1024, 4096, 16384, 65536)
 QUICK_SIZES = (1024, 4096)
-IMAGE_SIZES = (224, 1248)
+IMAGE_SIZES = (224, 448)
 QUICK_IMAGE_SIZES = (224,)
-RUN_DTYPES = ("bf16", "fp32")
+RUN_DTYPES = ("bf16",)
 PASSES = ("fwd", "fwd+bwd")
-LANDMARK_SIDE, LAM, NS_ITERS, NS_EPS = 7, 4.0, 20, 0.01
-#: (dim, heads) → the ops / mixers measured at that width (Fibottention's own setting is ViT-B's)
-WIDTHS = {(384, 6): ("softmax", "laplacian", "soft", "fibottention"), (768, 12): ("softmax", "fibottention")}
+LANDMARK_SIDE = 7
+#: (dim, heads) → the ops measured at that width (Fibottention's own setting is ViT-B's)
+OP_WIDTHS = {(384, 6): ("softmax", "softmax_cudnn", "laplacian", "soft", "fibottention"),
+             (768, 12): ("softmax", "softmax_cudnn", "fibottention")}
+#: (dim, heads) → the mixers measured as whole layers
+LAYER_WIDTHS = {(384, 6): ("softmax", "laplacian", "soft", "fibottention")}
 KERNELS = ("laplacian_kernel", "gaussian_kernel")
-MODELS = ("deit_tiny_patch16_224", "weightformer_tiny")
-BASELINE = {"op": "softmax", "layer": "softmax", "model": "deit_tiny_patch16_224"}
+#: models, trained (forward + backward) only: the goal compares laplacianformer_tiny with pvt_v2_b1
+MODELS = ("pvt_v2_b1", "laplacianformer_tiny", "deit_tiny_patch16_224", "weightformer_tiny")
+MODEL_PASSES = ("fwd+bwd",)
+BASELINE = {"op": "softmax", "layer": "softmax", "model": "pvt_v2_b1"}
 #: the forward + backward FLOPs are taken as 3 × forward: the backward of each product is two products
 BACKWARD_FACTOR = 3
 #: fitted log–log slope of peak memory against N up to which growth counts as linear
 LINEAR_SLOPE = 1.15
+#: FP32 operations per (token, landmark, channel, head) of the L1 distances: the forward's kernel matrix
+#: and its use (2 passes × subtract and add-with-|·|), the backward's 4 passes × about 4 (issue 43)
+L1_OPS_FWD, L1_OPS_FWD_BWD = 4, 20
+#: FP32 operations per (token, landmark, channel) of one kernel matrix: a subtraction, then an add of its
+#: |·| (L1) or a fused multiply-add of its square (Gaussian)
+KERNEL_OPS = 2
+#: SDPA's FLOPs per N²·d·head: forward 4 (two products), forward + backward 14 (the flash backward
+#: recomputes the scores: 5 products)
+SDPA_FLOPS_FWD, SDPA_FLOPS_FWD_BWD = 4, 14
+#: published bf16 rates of SDPA on an H100 at head dim 64, 16k tokens (FlashAttention-3 paper,
+#: arXiv 2407.08608): TFLOP/s (forward, forward + backward) of FA2 (SDPA's flash) and cuDNN
+SDPA_ANCHOR_TFLOPS = {"softmax": (324.0, 300.0), "softmax_cudnn": (413.0, 425.0)}
+#: why the kernel matrix has an issue-rate goal and no bandwidth goal (written into results.md)
+FLOOR_NOTE = ("The Laplacian kernel matrix does about 19 FP32 operations per byte it moves (2 per "
+              "token·landmark·channel against bf16 q and a float32 output), above an H100's balance of about "
+              "11 (33.5 TFLOP/s of FP32 issue over ~3 TB/s): it is bound by CUDA-core issue, not memory "
+              "bandwidth, so its goal is a share of the FP32 issue rate and GB/s is reported only for "
+              "reference. The floors below are arithmetic, not measurements: the L1 distances at the GPU's "
+              "FP32 issue rate, SDPA at its published H100 rates.")
+
+
+def mixer_op_settings(name: str) -> dict:
+    """The Newton–Schulz iterations, ε and start of mixer ``name``'s defaults (λ and the normaliser's ε too
+    where it has them): read from the class signature, or its default preset where that defers to one."""
+    from vitmix.mixers import get_mixer_class
+    from vitmix.mixers.presets import DEFAULT_PRESET, FROM_PRESET
+
+    cls = get_mixer_class(name)
+    params = inspect.signature(cls.__init__).parameters
+    preset = getattr(cls, "presets", {}).get(DEFAULT_PRESET, {})
+
+    def default(key):
+        value = params[key].default
+        return preset[key] if value is FROM_PRESET else value
+
+    settings = dict(iters=default("newton_iters"), eps=default("newton_eps"), alpha=default("newton_alpha"))
+    settings.update({key: default(key) for key in ("lam", "norm_eps") if key in params})
+    return settings
 
 
 @dataclass(frozen=True)
@@ -102,28 +154,37 @@ class Entry:
 
 # ------------------------------------------------------------------------------------------------ plan
 def plan(sizes: Sequence[int], image_sizes: Sequence[int], dtypes: Sequence[str], model_batch: int) -> List[Entry]:
-    """Every measurement in run order: by dtype (bf16 first), then op, kernel, layer, model, each by size."""
+    """Every measurement in run order: by dtype (bf16 first), then what the goals read (op, kernel, model),
+    then the layers; each section by size."""
     entries = []
     for dtype in dtypes:
-        for section in ("op", "kernel", "layer"):
+        for section in ("op", "kernel"):
             for n in sizes:
                 entries += _width_entries(section, n, dtype)
         for size in image_sizes:
-            entries += [Entry("model", m, size, 0, 0, dtype, p, model_batch) for m in MODELS for p in PASSES]
+            entries += [Entry("model", m, size, 0, 0, dtype, p, model_batch) for m in MODELS for p in MODEL_PASSES]
+        for n in sizes:
+            entries += _width_entries("layer", n, dtype)
     return entries
 
 
 def _width_entries(section: str, n: int, dtype: str) -> List[Entry]:
     if section == "kernel":
         return [Entry("kernel", k, n, 384, 6, dtype, "fwd") for k in KERNELS]
+    widths = OP_WIDTHS if section == "op" else LAYER_WIDTHS
     return [Entry(section, name, n, dim, heads, dtype, p)
-            for (dim, heads), names in WIDTHS.items() for name in names for p in PASSES]
+            for (dim, heads), names in widths.items() for name in names for p in PASSES]
+
+
+def _per_size() -> Tuple[int, int]:
+    """Op and layer entries per size and dtype."""
+    return tuple(sum(len(names) for names in w.values()) * len(PASSES) for w in (OP_WIDTHS, LAYER_WIDTHS))
 
 
 def expected_count(n_sizes: int, n_images: int, n_dtypes: int) -> int:
     """How many entries :func:`plan` lists (the formula the dry run prints beside its list)."""
-    per_width = sum(len(names) for names in WIDTHS.values()) * len(PASSES)
-    return n_dtypes * (n_sizes * (2 * per_width + len(KERNELS)) + n_images * len(MODELS) * len(PASSES))
+    ops, layers = _per_size()
+    return n_dtypes * (n_sizes * (ops + len(KERNELS) + layers) + n_images * len(MODELS) * len(MODEL_PASSES))
 
 
 # ------------------------------------------------------------------------------------------ the calls
@@ -136,6 +197,7 @@ class Built:
     items: int              # tokens (ops, kernels, layers) or images (models) per call
     unit: str
     io_bytes: Optional[int] = None  # kernel matrices: bytes read and written by one call
+    fp32_ops: Optional[float] = None  # kernel matrices: FP32 operations of one call (KERNEL_OPS per element)
     track: tuple = ()
 
 
@@ -149,7 +211,23 @@ def _qkv(e: Entry, device, grad: bool):
             for s in scales]
 
 
-def _op_function(e: Entry) -> Tuple[Callable, float]:
+class Unavailable(Exception):
+    """An entry this device cannot run (e.g. cuDNN attention on a CPU): its row is ``skipped``, not an error."""
+
+
+def _sdpa(e: Entry, device) -> Callable:
+    if e.name == "softmax":
+        return F.scaled_dot_product_attention
+    if torch.device(device).type != "cuda":
+        raise Unavailable("cuDNN attention needs a CUDA device")
+
+    def cudnn(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v)
+    return cudnn
+
+
+def _op_function(e: Entry, device) -> Tuple[Callable, float]:
     """The op ``(q, k, v) -> out`` of ``e`` and its forward FLOPs."""
     from vitmix.ops import avg_pool_landmarks, nystrom_attention, sparse_diagonal_attention
     from vitmix.ops.fibonacci import fibonacci_offsets, interaction_counts
@@ -157,19 +235,24 @@ def _op_function(e: Entry) -> Tuple[Callable, float]:
     n, d, bh, m = e.size, e.dim // e.heads, e.batch * e.heads, LANDMARK_SIDE ** 2
     hw, side = token_grid(n), (LANDMARK_SIDE, LANDMARK_SIDE)
     pool = 2 * bh * m * n * d  # pooling one of q, k as a (m, N) matrix product
-    if e.name == "softmax":
-        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v)), 4.0 * bh * n * n * d
+    if e.name in SDPA_ANCHOR_TFLOPS:
+        return _sdpa(e, device), float(SDPA_FLOPS_FWD * bh * n * n * d)
     if e.name == "laplacian":
+        s = mixer_op_settings("laplacian")
+
         def laplacian(q, k, v):
             return nystrom_attention(q, k, v, avg_pool_landmarks(q, hw, side), avg_pool_landmarks(k, hw, side),
-                                     kernel="laplacian", lam=LAM, iters=NS_ITERS, eps=NS_EPS,
-                                     normalization="injective")
-        return laplacian, bh * nystrom_flops(n, m, d, NS_ITERS, normalization="injective") + 2.0 * pool
+                                     kernel="laplacian", lam=s["lam"], iters=s["iters"], eps=s["eps"],
+                                     alpha=s["alpha"], normalization="injective", norm_eps=s["norm_eps"])
+        return laplacian, bh * nystrom_flops(n, m, d, s["iters"], normalization="injective") + 2.0 * pool
     if e.name == "soft":
+        s = mixer_op_settings("soft")
+
         def soft(q, k, v):
             lm = avg_pool_landmarks(q, hw, side)
-            return nystrom_attention(q, q, v, lm, lm, kernel="gaussian", iters=NS_ITERS, eps=NS_EPS)
-        return soft, bh * nystrom_flops(n, m, d, NS_ITERS, tied=True) + float(pool)
+            return nystrom_attention(q, q, v, lm, lm, kernel="gaussian", iters=s["iters"], eps=s["eps"],
+                                     alpha=s["alpha"])
+        return soft, bh * nystrom_flops(n, m, d, s["iters"], tied=True) + float(pool)
     if e.name == "fibottention":
         offsets = fibonacci_offsets(n, e.heads)
         return ((lambda q, k, v: sparse_diagonal_attention(q, k, v, offsets)),
@@ -192,7 +275,7 @@ def _pass_call(op: Callable, tensors: list, pass_name: str) -> Callable[[], obje
 
 
 def build_op(e: Entry, device) -> Built:
-    op, flops = _op_function(e)
+    op, flops = _op_function(e, device)
     tensors = _qkv(e, device, e.pass_name == "fwd+bwd")
     factor = 1 if e.pass_name == "fwd" else BACKWARD_FACTOR
     return Built(_pass_call(op, tensors, e.pass_name), flops * factor, e.batch * e.size, "tokens/s",
@@ -205,15 +288,16 @@ def build_kernel(e: Entry, device) -> Built:
 
     q, k, _ = _qkv(e, device, False)
     landmarks = avg_pool_landmarks(k, token_grid(e.size), (LANDMARK_SIDE, LANDMARK_SIDE)).contiguous()
-    kernel = (lambda: laplacian_kernel(q, landmarks, LAM)) if e.name == "laplacian_kernel" else \
+    lam = mixer_op_settings("laplacian")["lam"]
+    kernel = (lambda: laplacian_kernel(q, landmarks, lam)) if e.name == "laplacian_kernel" else \
         (lambda: gaussian_kernel(q, landmarks))
     with torch.no_grad():
         out = kernel()
     io_bytes = _nbytes(q) + _nbytes(landmarks) + _nbytes(out)
-    flops = 2.0 * q.shape[0] * q.shape[1] * q.shape[2] * landmarks.shape[2] * q.shape[3]  # one distance per pair
+    elements = float(q.shape[0] * q.shape[1] * q.shape[2] * landmarks.shape[2] * q.shape[3])
     del out
-    return Built(_pass_call(lambda: kernel(), [], "fwd"), flops, e.batch * e.size, "tokens/s", io_bytes,
-                 (q, landmarks))
+    return Built(_pass_call(lambda: kernel(), [], "fwd"), 2.0 * elements, e.batch * e.size, "tokens/s", io_bytes,
+                 KERNEL_OPS * elements, (q, landmarks))
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -243,7 +327,7 @@ def measure_entry(e: Entry, device, call_cap_s: float, min_run_time: float) -> d
     torch.manual_seed(0)
     built = BUILDERS[e.section](e, device)
     row = _row(e)
-    if e.name == "softmax":
+    if e.name in SDPA_ANCHOR_TFLOPS:
         row["sdpa_backend"] = sdpa_backend(built.fn)
     timing = time_call(built.fn, device, min_run_time=min_run_time, min_samples=3, max_seconds=call_cap_s,
                        long_call_s=call_cap_s)
@@ -256,7 +340,7 @@ def measure_entry(e: Entry, device, call_cap_s: float, min_run_time: float) -> d
                gflop=None if built.flops is None else built.flops / 1e9,
                tflops=None if built.flops is None else built.flops / t / 1e12)
     if built.io_bytes is not None:
-        row.update(io_mib=built.io_bytes / 2 ** 20, gbs=built.io_bytes / t / 1e9)
+        row.update(io_mib=built.io_bytes / 2 ** 20, gbs=built.io_bytes / t / 1e9, fp32_ops=built.fp32_ops)
     return row
 
 
@@ -296,6 +380,8 @@ def run_entry(e: Entry, device, budget: Budget) -> dict:
         return dict(_row(e), status="skipped", note=budget.blocked[e.series()])
     try:
         row = measure_entry(e, device, budget.call_cap_s, budget.min_run_time)
+    except Unavailable as why:
+        return dict(_row(e), status="skipped", note=str(why))
     except Exception as err:  # noqa: BLE001  (one entry's failure is a row, the table goes on)
         if not is_oom(err):
             first = (str(err).splitlines() or [""])[0][:200]
@@ -343,26 +429,54 @@ def _goal(text: str, measured: Optional[float], target: float, higher: bool, det
             "detail": detail}
 
 
-def _speedup_goal(rows, name: str, n: int, dim: int, heads: int, target: float) -> dict:
-    base, r = _find(rows, "op", "softmax", n, dim, heads), _find(rows, "op", name, n, dim, heads)
-    value = base["median_ms"] / r["median_ms"] if base and r else None
-    detail = (f"SDPA ({base.get('sdpa_backend')}) {base['median_ms']:.3g} ms / {name} {r['median_ms']:.3g} ms"
-              if base and r else "a row is missing")
-    return _goal(f"{name} op ≥ {target:g}× SDPA at N={n} ({heads}×{dim // heads}, bf16, batch 1, fwd+bwd)",
+def _speedup_goal(rows, name: str, n: int, dim: int, heads: int, target: float, base: str = "softmax",
+                  pass_name: str = "fwd+bwd") -> dict:
+    b = _find(rows, "op", base, n, dim, heads, pass_name=pass_name)
+    r = _find(rows, "op", name, n, dim, heads, pass_name=pass_name)
+    value = b["median_ms"] / r["median_ms"] if b and r else None
+    detail = (f"SDPA ({b.get('sdpa_backend')}) {b['median_ms']:.3g} ms / {name} {r['median_ms']:.3g} ms"
+              if b and r else "a row is missing")
+    against = "SDPA" if base == "softmax" else "cuDNN SDPA"
+    which = "forward only" if pass_name == "fwd" else "forward + backward"
+    return _goal(f"{name} op ≥ {target:g}× {against} at N={n}, {which} ({heads}×{dim // heads}, bf16, batch 1)",
                  value, target, True, detail)
 
 
-def _bandwidth_goal(rows, bandwidth_gbs: Optional[float]) -> dict:
+#: FP32 lanes per SM where it is not 128 (compute capability 7.x and 8.0: V100, T4, A100)
+FP32_LANES = {"7.0": 64, "7.2": 64, "7.5": 64, "8.0": 64}
+
+
+def fp32_issue_rate(env: dict) -> Optional[float]:
+    """FP32 operations per second the GPU can issue (SMs × FP32 lanes × boost clock), ``None`` when the
+    environment lacks the SM count or clock (an FMA counts as one operation: one issue slot)."""
+    sms, mhz, cap = env.get("gpu_sm_count"), env.get("gpu_clock_mhz"), env.get("gpu_capability")
+    if not sms or not mhz:
+        return None
+    return sms * FP32_LANES.get(cap, 128) * mhz * 1e6
+
+
+def _issue_goal(rows, issue_rate: Optional[float]) -> dict:
     kernel = [r for r in rows if r["section"] == "kernel" and r["name"] == "laplacian_kernel"
-              and r["dtype"] == "bf16" and r["status"] == "ok"]
-    text = "Laplacian kernel-matrix kernel within 2× of the bandwidth bound (bf16, largest N measured)"
-    if not kernel or not bandwidth_gbs:
-        return _goal(text, None, 2.0, False, "no kernel row or no bandwidth")
+              and r["dtype"] == "bf16" and r["status"] == "ok" and r.get("fp32_ops")]
+    text = "Laplacian kernel-matrix kernel at ≥ 50% of the FP32 issue rate (bf16, largest N measured)"
+    if not kernel or not issue_rate:
+        return _goal(text, None, 0.5, True, "no kernel row or no FP32 issue rate (SM count, clock)")
     r = max(kernel, key=lambda x: x["size"])
-    bound_ms = r["io_mib"] * 2 ** 20 / (bandwidth_gbs * 1e9) * 1e3
-    return _goal(text, r["median_ms"] / bound_ms, 2.0, False,
-                 f"N={r['size']}: {r['median_ms']:.3g} ms vs bound {bound_ms:.3g} ms ({r['gbs']:.0f} of "
-                 f"{bandwidth_gbs:.0f} GB/s)")
+    achieved = r["fp32_ops"] / (r["median_ms"] / 1e3)
+    return _goal(text, achieved / issue_rate, 0.5, True,
+                 f"N={r['size']}: {achieved / 1e12:.3g} of {issue_rate / 1e12:.3g} T FP32 op/s "
+                 f"({r['gbs']:.0f} GB/s)")
+
+
+def _model_goal(rows, size: int) -> dict:
+    def find(name):
+        return _find(rows, "model", name, size, 0, 0)
+    ours, base = find("laplacianformer_tiny"), find("pvt_v2_b1")
+    value = base["median_ms"] / ours["median_ms"] if ours and base else None
+    detail = (f"{ours['throughput']:,.0f} vs {base['throughput']:,.0f} images/s (batch {ours['batch']})"
+              if ours and base else "a row is missing")
+    return _goal(f"laplacianformer_tiny trains faster than pvt_v2_b1 at {size}² (bf16 autocast, same batch; "
+                 "speed ratio)", value, 1.0, True, detail)
 
 
 def _memory_goal(rows, name: str, dim: int, heads: int) -> dict:
@@ -376,19 +490,48 @@ def _memory_goal(rows, name: str, dim: int, heads: int) -> dict:
                  f"{heads}×{dim // heads})", slope, LINEAR_SLOPE, False, detail)
 
 
-def evaluate_goals(rows: List[dict], bandwidth_gbs: Optional[float]) -> List[dict]:
-    """The goals of issue 12 item 4, each PASS / FAIL / NOT MEASURED with the numbers behind it."""
-    return [_speedup_goal(rows, "laplacian", 16384, 384, 6, 4.0),
-            _speedup_goal(rows, "laplacian", 65536, 384, 6, 15.0),
-            _speedup_goal(rows, "fibottention", 16384, 768, 12, 3.0),
-            _bandwidth_goal(rows, bandwidth_gbs),
+def evaluate_goals(rows: List[dict], issue_rate: Optional[float]) -> List[dict]:
+    """The goals of issue 43 item 4, each PASS / FAIL / NOT MEASURED with the numbers behind it."""
+    return [_speedup_goal(rows, "laplacian", 16384, 384, 6, 8.0),
+            _speedup_goal(rows, "laplacian", 65536, 384, 6, 35.0),
+            _speedup_goal(rows, "laplacian", 16384, 384, 6, 6.0, base="softmax_cudnn"),
+            _speedup_goal(rows, "laplacian", 65536, 384, 6, 25.0, base="softmax_cudnn"),
+            _speedup_goal(rows, "laplacian", 16384, 384, 6, 6.0, pass_name="fwd"),
+            _speedup_goal(rows, "laplacian", 65536, 384, 6, 35.0, pass_name="fwd"),
+            _issue_goal(rows, issue_rate),
             _memory_goal(rows, "laplacian", 384, 6),
-            _memory_goal(rows, "fibottention", 768, 12)]
+            _speedup_goal(rows, "fibottention", 16384, 768, 12, 3.0),
+            _memory_goal(rows, "fibottention", 768, 12),
+            _model_goal(rows, 224),
+            _model_goal(rows, 448)]
+
+
+def floors(rows: List[dict], issue_rate: Optional[float], sizes: Sequence[int] = (16384, 65536)) -> List[dict]:
+    """The arithmetic floors of the goals' ops (6 heads × 64, m = 49, batch 1) beside the measured times: the
+    Laplacian op's L1 distances at the FP32 issue rate, SDPA at its published H100 rates."""
+    d, heads, m = 64, 6, LANDMARK_SIDE ** 2
+    out = []
+    for n in sizes:
+        for pass_name, l1_ops, sdpa_flops, k in (("fwd+bwd", L1_OPS_FWD_BWD, SDPA_FLOPS_FWD_BWD, 1),
+                                                  ("fwd", L1_OPS_FWD, SDPA_FLOPS_FWD, 0)):
+            measured = _find(rows, "op", "laplacian", n, 384, heads, pass_name=pass_name)
+            out.append(dict(op="laplacian", size=n, pass_name=pass_name,
+                            floor_ms=l1_ops * n * m * d * heads / issue_rate * 1e3 if issue_rate else None,
+                            basis=f"{l1_ops} FP32 ops per token·landmark·channel at the FP32 issue rate",
+                            measured_ms=measured and measured["median_ms"]))
+            for name, rates in SDPA_ANCHOR_TFLOPS.items():
+                measured = _find(rows, "op", name, n, 384, heads, pass_name=pass_name)
+                out.append(dict(op=name, size=n, pass_name=pass_name,
+                                floor_ms=sdpa_flops * n * n * d * heads / (rates[k] * 1e12) * 1e3,
+                                basis=f"{sdpa_flops}·N²·d FLOP per head at {rates[k]:g} TFLOP/s (H100, published)",
+                                measured_ms=measured and measured["median_ms"]))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ output
 COLUMNS = ["section", "name", "dim", "heads", "size", "batch", "dtype", "pass_name", "status", "median_ms",
            "iqr_ms", "samples", "throughput", "throughput_unit", "peak_mib", "gflop", "tflops", "io_mib", "gbs",
+           "fp32_ops",
            "speedup_vs_baseline", "memory_vs_baseline", "sdpa_backend", "timing_method", "note"]
 
 
@@ -400,11 +543,13 @@ def _fmt(value, digits: int = 3) -> str:
     return str(value)
 
 
-def _cells(r: dict, bandwidth_gbs: Optional[float]) -> list:
+def _cells(r: dict, bandwidth_gbs: Optional[float], issue_rate: Optional[float]) -> list:
     rate = f"{_fmt(r.get('tflops'))} TFLOP/s" if r.get("tflops") else ""
     if r.get("gbs"):
         share = f" ({r['gbs'] / bandwidth_gbs:.0%} of copy)" if bandwidth_gbs else ""
         rate = f"{_fmt(r['gbs'])} GB/s{share}; " + rate
+    if r.get("fp32_ops") and r.get("median_ms") and issue_rate:
+        rate = f"{r['fp32_ops'] / (r['median_ms'] / 1e3) / issue_rate:.0%} of FP32 issue; " + rate
     ratio = f"{r['speedup_vs_baseline']:.2f}×" if r.get("speedup_vs_baseline") else ""
     mem = f"{r['memory_vs_baseline']:.2f}×" if r.get("memory_vs_baseline") else ""
     width = f"{r['heads']}×{r['dim'] // r['heads']}" if r["heads"] else f"batch {r['batch']}"
@@ -420,9 +565,9 @@ TITLES = {"op": "Ops (q, k, v → output)", "kernel": "Kernel matrix k(q, k̃), 
 
 
 def report(result: dict) -> str:
-    """The markdown of ``results.md``: machine, bandwidth, goals, then one table per section."""
-    bw = result["bandwidth_gbs"]
-    parts = ["# GPU benchmark (issue 12)", "", f"Command: `{result['command']}`", ""]
+    """The markdown of ``results.md``: machine, bandwidth, goals, floors, then one table per section."""
+    bw, issue = result["bandwidth_gbs"], result.get("fp32_issue_rate")
+    parts = ["# GPU benchmark (issues 12 and 43)", "", f"Command: `{result['command']}`", ""]
     parts += env_lines(result["environment"], result["elapsed_s"]) + [
         f"- device-to-device copy bandwidth: {_fmt(bw)} GB/s (read + write); fp32 matmul precision "
         f"`{result['environment'].get('float32_matmul_precision')}`",
@@ -430,16 +575,23 @@ def report(result: dict) -> str:
         "Batch 1 for ops, kernels and layers. Speed-up and memory ratio are against `softmax` (SDPA) at the same "
         "point (models: `deit_tiny_patch16_224`). FLOPs: analytic (1 multiply–accumulate = 2 FLOPs), forward + "
         f"backward taken as {BACKWARD_FACTOR}× forward; models counted by `FlopCounterMode`.", "",
-        "## Goals (issue 12, item 4)", "",
+        "- FP32 issue rate: " + (f"{issue / 1e12:.3g} T op/s (SMs × FP32 lanes × boost clock)" if issue
+                                   else "unknown (no SM clock in the device properties)"), "",
+        "## Goals (issue 43, item 4)", "",
         markdown_table(["goal", "measured", "target", "result", "detail"],
                        [[g["goal"], _fmt(g["measured"]), ("≥ " if g["higher_is_better"] else "≤ ") + _fmt(g["target"]),
-                         g["status"], g["detail"]] for g in result["goals"]]), ""]
+                         g["status"], g["detail"]] for g in result["goals"]]), "",
+        "## Floors (arithmetic, not measured)", "", FLOOR_NOTE, "",
+        markdown_table(["op", "N", "pass", "floor ms", "measured ms", "measured / floor", "basis"],
+                       [[f["op"], f["size"], f["pass_name"], _fmt(f["floor_ms"]), _fmt(f["measured_ms"]),
+                         _fmt(f["measured_ms"] / f["floor_ms"]) if f["measured_ms"] and f["floor_ms"] else "",
+                         f["basis"]] for f in floors(result["rows"], issue)]), ""]
     header = ["N / image", "name", "width", "dtype", "pass", "median ms", "rate", "throughput", "peak MiB",
               "speed-up", "memory ratio", "note"]
     for section, title in TITLES.items():
         rows = [r for r in result["rows"] if r["section"] == section]
         if rows:
-            parts += [f"## {title}", "", markdown_table(header, [_cells(r, bw) for r in rows]), ""]
+            parts += [f"## {title}", "", markdown_table(header, [_cells(r, bw, issue) for r in rows]), ""]
     if result.get("warnings"):
         parts += ["Warnings during the run (e.g. an op that fell back from Triton to PyTorch):", ""]
         parts += [f"- {w}" for w in result["warnings"]] + [""]
@@ -447,8 +599,13 @@ def report(result: dict) -> str:
 
 
 def plot(rows: List[dict], path: Path, title: str) -> Optional[Path]:
-    """Log–log time against N: op and layer panels, one line per (name, width) and dtype, forward + backward."""
-    import matplotlib
+    """Log–log time against N: op and layer panels, one line per (name, width) and dtype, forward + backward.
+    ``None`` without matplotlib (a bare GPU machine may lack it): the tables are written all the same."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        print(f"no time_vs_n.png: {err}", file=sys.stderr)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -503,23 +660,27 @@ def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="N = 1024, 4096 and 224² only (a smoke test)")
     ap.add_argument("--dry-run", action="store_true", help="list every measurement and their count; needs no GPU")
-    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="token counts (default 1024 … 65536)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=None,
+                    help="token counts (default 1024, 4096, 16384, 65536)")
+    ap.add_argument("--image-sizes", type=int, nargs="+", default=None, help="model image sides (default 224 448)")
     ap.add_argument("--dtypes", nargs="+", default=list(RUN_DTYPES), choices=list(DTYPES))
     ap.add_argument("--model-batch", type=int, default=32, help="batch of the model throughput rows (default 32)")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget of the measurements")
+    ap.add_argument("--budget-s", type=float, default=180.0, help="wall-clock budget of the measurements")
     ap.add_argument("--call-cap-s", type=float, default=2.0,
                     help="a call slower than this is timed once and larger N of its series are skipped")
     ap.add_argument("--min-run-time", type=float, default=0.1, help="seconds of timing per entry")
-    ap.add_argument("--device", default="cuda", help="cuda or cuda:i")
+    ap.add_argument("--device", default="cuda",
+                    help="cuda or cuda:i; cpu runs the same code on CPU tensors (a plumbing check, not a benchmark)")
     ap.add_argument("--out", type=Path, default=None,
                     help="output folder (default: benchmarks/results/gpu/<gpu> for a full run, "
                          "runs/gpu-partial/<gpu> otherwise)")
     args = ap.parse_args(argv)
-    args.full = args.sizes is None and not args.quick and args.dtypes == list(RUN_DTYPES)
+    args.full = (args.sizes is None and args.image_sizes is None and not args.quick
+                 and args.dtypes == list(RUN_DTYPES) and args.device.startswith("cuda"))
     args.sizes = sorted(set(args.sizes or (QUICK_SIZES if args.quick else SIZES)))
-    args.image_sizes = QUICK_IMAGE_SIZES if args.quick else IMAGE_SIZES
-    if not args.device.startswith("cuda"):
-        ap.error(f"--device must be cuda or cuda:i, got {args.device!r} (this script measures a GPU)")
+    args.image_sizes = sorted(set(args.image_sizes or (QUICK_IMAGE_SIZES if args.quick else IMAGE_SIZES)))
+    if not (args.device.startswith("cuda") or args.device == "cpu"):
+        ap.error(f"--device must be cuda, cuda:i or cpu, got {args.device!r}")
     if any(n < LANDMARK_SIDE ** 2 for n in args.sizes):
         ap.error(f"sizes must be at least {LANDMARK_SIDE ** 2} (m = 49 landmarks)")
     return args
@@ -530,9 +691,10 @@ def dry_run(entries: List[Entry], args) -> int:
     for i, e in enumerate(entries, 1):
         print(f"{i:4d}  {e.label()}")
     expected = expected_count(len(args.sizes), len(args.image_sizes), len(args.dtypes))
+    ops, layers = _per_size()
     print(f"{len(entries)} measurements (expected {expected}: {len(args.dtypes)} dtypes × ({len(args.sizes)} sizes × "
-          f"(2 × {sum(len(v) for v in WIDTHS.values())} op/layer × {len(PASSES)} passes + {len(KERNELS)} kernels) + "
-          f"{len(args.image_sizes)} images × {len(MODELS)} models × {len(PASSES)} passes))")
+          f"({ops} op + {len(KERNELS)} kernel + {layers} layer entries) + {len(args.image_sizes)} images × "
+          f"{len(MODELS)} models × {len(MODEL_PASSES)} pass))")
     print("goals: " + "; ".join(g["goal"] for g in evaluate_goals([], None)))
     return 0
 
@@ -542,8 +704,12 @@ def run(entries: List[Entry], args, device: torch.device) -> dict:
     env = environment(device)
     env["float32_matmul_precision"] = torch.get_float32_matmul_precision()
     env["memory_method"] = memory_method(device)
+    if device.type == "cuda":  # the boost clock (kHz) where this torch reports it: the FP32 issue rate
+        khz = getattr(torch.cuda.get_device_properties(device), "clock_rate", None)
+        env["gpu_clock_mhz"] = khz / 1e3 if khz else None
+    issue_rate = fp32_issue_rate(env)
     budget = Budget(args.budget_s, args.call_cap_s, args.min_run_time)
-    bandwidth = measure_bandwidth(device)
+    bandwidth = measure_bandwidth(device, 2 ** 30 if device.type == "cuda" else 2 ** 24)
     print(f"copy bandwidth {bandwidth:.0f} GB/s", flush=True)
     rows = []
     # the ops warn once per reason when a CUDA input falls back from Triton to PyTorch: keep those lines
@@ -556,8 +722,8 @@ def run(entries: List[Entry], args, device: torch.device) -> dict:
                   f"{_fmt(row.get('peak_mib')):>9s} MiB  {row.get('note', '')}", flush=True)
     add_ratios(rows)
     env["load_average_1m_end"] = load_average()
-    return {"environment": env, "bandwidth_gbs": bandwidth, "rows": rows,
-            "elapsed_s": time.perf_counter() - budget.start, "goals": evaluate_goals(rows, bandwidth),
+    return {"environment": env, "bandwidth_gbs": bandwidth, "fp32_issue_rate": issue_rate, "rows": rows,
+            "elapsed_s": time.perf_counter() - budget.start, "goals": evaluate_goals(rows, issue_rate),
             "warnings": list(dict.fromkeys(str(w.message) for w in caught))}
 
 
@@ -574,7 +740,7 @@ def main(argv=None) -> int:
         return 2
     result = run(entries, args, device)
     result["command"] = " ".join(["python benchmarks/gpu.py"] + argv)
-    gpu = slug(result["environment"].get("gpu") or "gpu")
+    gpu = slug(result["environment"].get("gpu") or device.type)
     out = args.out or (RESULTS / gpu if args.full else Path("runs/gpu-partial") / gpu)
     for g in result["goals"]:
         print(f"{g['status']:12s} {g['goal']}: {_fmt(g['measured'])} ({g['detail']})")

@@ -5,14 +5,16 @@ import os
 import sys
 
 os.environ.setdefault("TQDM_DISABLE", "1")
-# The Triton kernels are tested on CPU tensors by Triton's interpreter, which must be chosen before triton
-# is first imported. A machine with a GPU runs them compiled: set TRITON_INTERPRET=0 there.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-# importlib import mode (test files share names across folders): make tests/_memory.py importable.
-sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
+import torch  # noqa: E402  (importing torch does not import triton)
+
+# Without a GPU the Triton kernels are tested on CPU tensors by Triton's interpreter; with one they run
+# compiled on CUDA tensors (tests/_triton_device.py). The choice must be made before triton is first
+# imported; TRITON_INTERPRET set by hand wins.
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+# importlib import mode (test files share names across folders): make tests/_memory.py importable.
+sys.path.insert(0, os.path.dirname(__file__))
 
 # Under pytest-xdist each worker gets one thread, so two workers don't oversubscribe two cores.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))

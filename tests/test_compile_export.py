@@ -20,55 +20,21 @@ import fnmatch
 import functools
 import os
 import re
-from pathlib import Path
 
 import pytest
 import timm
 import torch
 
 import vitmix
-from vitmix.export import example_call, export_program, onnxruntime_parity, relative_error, write_onnx
+from vitmix.export import export_program, onnxruntime_parity, relative_error, write_onnx
 from vitmix.models import is_vitmix_model
+from _families import FAMILIES, FAMILY_CONFIGS, doc_table, family_model, image_shape, model_inputs
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "compile-export.md"
 #: what tracing raises on code it cannot capture (dynamo's Unsupported/UserError, data-dependent
 #: guards, specialised dynamic dimensions): all RuntimeErrors, unlike vitmix's ValueErrors
 TRACING_FAILURE = RuntimeError
 
-#: small configuration of each family's representative (one block per stage, small images). The
-#: pyramids run at 128² (stage 4: a 4×4 grid): at 64² the untrained LaplacianFormer's 2×2 landmark
-#: kernels make it so ill-conditioned that float32 vs float64 already differ by 2e-5 of the output
-PYRAMID = dict(depths=(1, 1, 1, 1), img_size=128)
-FAMILY_CONFIGS = {
-    "vit_*_patch4_32": dict(depth=1),
-    "vit_*_fibottention": dict(depth=1),
-    "soft_*": PYRAMID,
-    "soft_norm_*": PYRAMID,
-    "laplacianformer_*": PYRAMID,
-    "weightformer_*": dict(depth=2, img_size=32),          # block 1 is dynamic
-    "dit_*": dict(depth=1),
-    "weightformer_dit_*": dict(depth=2),
-    "timesformer_*": dict(depth=1),
-    "timesformer_*_fibottention": dict(depth=1),
-    "seq_*": dict(depth=1, seq_len=64),
-}
-
-
-def _table(heading_start: str):
-    """Rows (dicts by column name, backticks stripped) of the first table after the heading."""
-    lines = DOC.read_text().split(heading_start, 1)[1].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    rows = []
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip().strip("`") for cell in line.strip().strip("|").split("|")])
-    header, body = rows[0], rows[2:]          # rows[1] is the |---| separator
-    return [dict(zip(header, row)) for row in body]
-
-
-FAMILIES = _table("Model families")
-MIXERS = _table("Every mixer inside")
+MIXERS = doc_table("Every mixer inside")
 
 
 def _family_of(name: str) -> str:
@@ -99,41 +65,13 @@ def test_tables_cover_the_registry():
 
 
 # ------------------------------------------------------------------------------------ helpers
-def _family_model(row):
-    torch.manual_seed(0)
-    model = vitmix.create_model(row["tested as"], **FAMILY_CONFIGS[row["models"]]).eval()
-    if hasattr(model, "example_inputs"):
-        _perturb_zero_init(model)
-    return model
-
-
-def _perturb_zero_init(model):
-    """Small random values for the all-zero tensors of an adaLN-Zero init, whose output is exactly 0 (an
-    export that dropped every block would still match it)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if not p.any():
-                p.normal_(std=0.02)
-
-
 def _mixer_model(name):
     torch.manual_seed(0)
     return vitmix.create_model("vit_nano_patch4_32", mixer=name, depth=1).eval()
 
 
-def _image_shape(model):
-    if not hasattr(model, "img_size") and hasattr(model, "example_inputs"):
-        return ()                     # called with its example inputs only (sequence models: ids, no image)
-    size = getattr(getattr(model, "patch_embed", None), "img_size", None) or model.img_size
-    return (3, *((size, size) if isinstance(size, int) else size))
 
 
-def _inputs(model, batch: int):
-    """Random inputs: images, or the example call of diffusion backbones (``model(x, t, y)``: random
-    images, timesteps and labels, the null class included)."""
-    if hasattr(model, "example_inputs"):
-        return example_call(model, batch)
-    return (torch.randn(batch, *_image_shape(model), generator=torch.Generator().manual_seed(batch)),)
 
 
 def _forward_backward(fn, model, args):
@@ -173,7 +111,7 @@ def _composed_eager(model):
 
 
 def _check_compile(model, claim: str, backend: str = "eager", rtol: float = 1e-5):
-    args = _inputs(model, 2)
+    args = model_inputs(model, 2)
     with _composed_eager(model):
         eager = _forward_backward(model, model, args)        # also warms up caches and lazy modules
     if claim != "yes":      # "no" or "graph break": one graph cannot hold it (the claim is still true)
@@ -189,14 +127,14 @@ def _check_compile(model, claim: str, backend: str = "eager", rtol: float = 1e-5
 
 
 def _check_export(model, claim: str, program=None):
-    args = _inputs(model, 2)
+    args = model_inputs(model, 2)
     if claim.startswith("no"):
         with pytest.raises(TRACING_FAILURE):
             _export(model, args)
         return
     program = (program or _export(model, args)).module()
     for batch in (1, 3):
-        other = _inputs(model, batch)
+        other = model_inputs(model, batch)
         with torch.no_grad():
             # eager inference of the kernel mixers is one fused C call per layer, the trace runs the composed
             # custom ops: the same arithmetic summed in another order, then amplified by 20 Newton–Schulz
@@ -209,8 +147,8 @@ def _check_export(model, claim: str, program=None):
 def _family_program(pattern: str):
     """The family's small model and its exported program, shared by the export and ONNX tests (the
     ``xdist_group`` of :data:`FAMILY_PARAMS` keeps both on one worker)."""
-    model = _family_model(next(f for f in FAMILIES if f["models"] == pattern))
-    return model, _export(model, _inputs(model, 2))
+    model = family_model(next(f for f in FAMILIES if f["models"] == pattern))
+    return model, _export(model, model_inputs(model, 2))
 
 
 def _export(model, args):
@@ -220,7 +158,7 @@ def _export(model, args):
 # ----------------------------------------------------------------------------- torch.compile
 @pytest.mark.parametrize("row", FAMILIES, ids=[r["models"] for r in FAMILIES])
 def test_family_compiles_and_matches_eager(row):
-    _check_compile(_family_model(row), row["torch.compile"])
+    _check_compile(family_model(row), row["torch.compile"])
 
 
 @pytest.mark.parametrize("row", MIXERS, ids=[r["mixer"] for r in MIXERS])
@@ -267,7 +205,7 @@ FAMILY_PARAMS = [pytest.param(r, id=r["models"], marks=pytest.mark.xdist_group(f
 @pytest.mark.parametrize("row", FAMILY_PARAMS)
 def test_family_exports_with_a_dynamic_batch(row):
     if row["torch.export"].startswith("no"):
-        _check_export(_family_model(row), row["torch.export"])
+        _check_export(family_model(row), row["torch.export"])
     else:
         model, program = _family_program(row["models"])
         _check_export(model, row["torch.export"], program)
@@ -296,7 +234,7 @@ def test_linformer_lengths_are_plain_python_state():
 
 def test_exported_program_keeps_the_custom_ops():
     model = _mixer_model("laplacian")
-    ep = export_program(model, _inputs(model, 2)[0])
+    ep = export_program(model, model_inputs(model, 2)[0])
     targets = {str(n.target) for n in ep.graph.nodes}
     assert {"vitmix.laplacian_kernel.default", "vitmix.newton_schulz_inverse.default"} <= targets
 
@@ -334,14 +272,14 @@ def test_family_onnx_matches_onnxruntime(row, tmp_path):
     """Plain ``torch.onnx.export(model, ..., dynamo=True)`` after ``import vitmix``: the ops run their export
     decompositions while it traces, so no custom op reaches the ONNX translation."""
     _needs_onnx_packages()
-    model = _family_model(row)
+    model = family_model(row)
     path = tmp_path / "m.onnx"
     if row["ONNX"].startswith("no"):
         with pytest.raises(TRACING_FAILURE):
-            _dynamo_onnx_export(model, _inputs(model, 2), path)
+            _dynamo_onnx_export(model, model_inputs(model, 2), path)
         return
-    _dynamo_onnx_export(model, _inputs(model, 2), path)
-    errors = onnxruntime_parity(path, model, _image_shape(model))       # batch 1 and 3: the batch is dynamic
+    _dynamo_onnx_export(model, model_inputs(model, 2), path)
+    errors = onnxruntime_parity(path, model, image_shape(model))       # batch 1 and 3: the batch is dynamic
     assert max(errors.values()) <= 1e-4, errors
 
 
@@ -355,15 +293,15 @@ def test_family_torchscript_onnx_matches_onnxruntime(row, tmp_path):
     _needs_onnx_packages()
     from timm.utils.onnx import onnx_export
 
-    model = _family_model(row)
-    args, path = _inputs(model, 2), tmp_path / "m.onnx"
+    model = family_model(row)
+    args, path = model_inputs(model, 2), tmp_path / "m.onnx"
     if len(args) == 1:
         onnx_export(model, str(path), example_input=args[0])           # checks the file with onnx.checker
     else:
         names = ["images", "t", "y"]
         torch.onnx.export(model, args, str(path), dynamo=False, input_names=names,
                           dynamic_axes={name: {0: "batch"} for name in names})
-    errors = onnxruntime_parity(path, model, _image_shape(model))
+    errors = onnxruntime_parity(path, model, image_shape(model))
     assert max(errors.values()) <= 1e-4, errors
 
 
@@ -380,8 +318,8 @@ def test_torchscript_onnx_export_builds_pooling_matrices_on_a_cold_cache(tmp_pat
     nystrom._pool_matrix.cache_clear()
     nystrom._pool_matrix_as.cache_clear()
     path = tmp_path / "m.onnx"
-    onnx_export(model, str(path), example_input=_inputs(model, 2)[0])
-    errors = onnxruntime_parity(path, model, _image_shape(model))
+    onnx_export(model, str(path), example_input=model_inputs(model, 2)[0])
+    errors = onnxruntime_parity(path, model, image_shape(model))
     assert max(errors.values()) <= 1e-4, errors
 
 
@@ -391,10 +329,10 @@ def test_write_onnx_of_an_exported_program_matches_onnxruntime(tmp_path):
     ``export_decompositions()``, then converted."""
     _needs_onnx_packages()
     model = _mixer_model("laplacian")
-    program = export_program(model, _inputs(model, 2)[0])
+    program = export_program(model, model_inputs(model, 2)[0])
     info = write_onnx(program, tmp_path / "m.onnx")
     assert info["inputs"] == [("images", "float32", "[batch, 3, 32, 32]")]
-    errors = onnxruntime_parity(tmp_path / "m.onnx", model, _image_shape(model))
+    errors = onnxruntime_parity(tmp_path / "m.onnx", model, image_shape(model))
     assert max(errors.values()) <= 1e-4, errors
 
 
@@ -406,7 +344,7 @@ def test_onnx_export_leaves_eager_calls_and_other_exports_alone():
 
     assert not exporting_to_onnx()
     model = _mixer_model("soft")
-    targets = {str(n.target) for n in export_program(model, _inputs(model, 2)[0]).graph.nodes}
+    targets = {str(n.target) for n in export_program(model, model_inputs(model, 2)[0]).graph.nodes}
     assert "vitmix.gaussian_kernel.default" in targets
 
 
@@ -459,7 +397,7 @@ def test_onnx_refuses_the_cholesky_start_with_a_named_option(tmp_path):
     model = vitmix.create_model("vit_nano_patch4_32", mixer="laplacian", depth=1,
                                 mixer_options={"newton_alpha": "safe"}).eval()
     with pytest.raises(ValueError, match="newton_alpha='transpose'"):
-        write_onnx(export_program(model, _inputs(model, 2)[0]), tmp_path / "m.onnx")
+        write_onnx(export_program(model, model_inputs(model, 2)[0]), tmp_path / "m.onnx")
 
 
 @pytest.mark.slow
@@ -471,7 +409,7 @@ def test_plain_torch_onnx_export_names_the_option_for_the_cholesky_start(tmp_pat
     model = vitmix.create_model("vit_nano_patch4_32", mixer="laplacian", depth=1,
                                 mixer_options={"newton_alpha": "safe"}).eval()
     with pytest.raises(TRACING_FAILURE) as failure:
-        _dynamo_onnx_export(model, _inputs(model, 2), tmp_path / "m.onnx")
+        _dynamo_onnx_export(model, model_inputs(model, 2), tmp_path / "m.onnx")
     chain, error = [], failure.value
     while error is not None:
         chain.append(error)

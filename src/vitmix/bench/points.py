@@ -67,10 +67,21 @@ def _build_mixer(target: Target, n: int, config: BenchConfig, device) -> _Point:
     return _Point(module, x, module, n, config.batch * n, "tokens/s")
 
 
-def _build_model(target: Target, size: int, config: BenchConfig, device) -> _Point:
+def _model_at(name: str, size: int) -> torch.nn.Module:
+    """Model ``name`` built for ``size``² images; a model without an ``img_size`` option (no position table
+    to size, e.g. timm's ``pvt_v2_*``) takes any image size as built."""
     from ..models import create_model
 
-    model = create_model(target.name, img_size=size)
+    try:
+        return create_model(name, img_size=size)
+    except ValueError as err:
+        if "unexpected keyword argument 'img_size'" not in str(err):
+            raise
+    return create_model(name)
+
+
+def _build_model(target: Target, size: int, config: BenchConfig, device) -> _Point:
+    model = _model_at(target.name, size)
     embed = getattr(model, "patch_embed", None)
     in_chans = 3
     proj = getattr(embed, "proj", None)
