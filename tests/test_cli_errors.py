@@ -132,3 +132,37 @@ def test_a_model_grid_hw_and_a_named_norm_layer_are_accepted():
                                                               "fused": False})
     attn = model.blocks[0].attn
     assert attn.hw == (4, 4) and isinstance(attn.q_norm, nn.RMSNorm) and attn.fused is False
+
+
+def test_malformed_yaml_is_one_line_with_where(workspace, capsys):
+    (workspace / "bad.yaml").write_text("lr: [1\nepochs: 2\n")
+    line = _one_line_error(["train", "--config", str(workspace / "bad.yaml")], workspace, capsys)
+    assert "bad.yaml is not valid YAML: expected ',' or ']', but got ':' at line 2, column 7" in line, line
+
+
+def test_a_misspelt_command_suggests_the_real_one(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["trian"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert "invalid choice: 'trian'. Did you mean: train?" in err[0], err
+
+
+def test_sigterm_says_how_to_resume_as_ctrl_c_does(workspace, capsys, monkeypatch):
+    """A scheduler's SIGTERM ended a run silently; now it is the same interruption as Ctrl-C."""
+    import os
+    import signal
+
+    from vitmix.train import runner
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt the run")
+
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(runner, "train_one_epoch", terminated)
+    out = workspace / "run"
+    assert main(["train", *TINY, "--out", str(out)]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == f"vitmix train: interrupted; continue with `vitmix train --out {out} --resume`", err
+    assert signal.getsignal(signal.SIGTERM) is previous

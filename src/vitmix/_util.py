@@ -19,6 +19,11 @@ def close_matches(name: str, options: Iterable[str], n: int = 3) -> str:
     return f" Did you mean: {', '.join(matches)}?" if matches else ""
 
 
+def plural(n: int, noun: str) -> str:
+    """``"1 epoch"``, ``"3 epochs"``: a count and its noun, for log lines."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 # --------------------------------------------------------------------------------------- autocast
 def autocast(device, dtype=None):
     """Mixed precision for a block of code: ``torch.autocast`` on ``device``'s type computing in
@@ -69,4 +74,4 @@ def write_csv(path: Union[str, Path], rows: Sequence[dict], columns: Optional[Se
     return str(path)
 
 
-__all__ = ["close_matches", "autocast", "markdown_table", "table_columns", "write_csv"]
+__all__ = ["close_matches", "plural", "autocast", "markdown_table", "table_columns", "write_csv"]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._util import close_matches
+from .._util import close_matches, plural
 from ..runs import (
     BEST_FIRST, Trainable, atomic_write, checked_step, load_into, load_weights, model_meta,
     prepare_run_dir as _prepare_run_dir, resolve_checkpoint, resume_run, save_manifest, save_metrics,
@@ -101,6 +101,7 @@ def build_data(cfg: DenseConfig):
         from .maskfolder import MaskFolder
 
         train, val = (MaskFolder(cfg.data_dir, cfg.num_classes, split) for split in ("train", "val"))
+        train[0], val[0]       # a mask of the wrong mode, size or labels fails now, not in the first epoch
         names = [f"class {i}" for i in range(cfg.num_classes)]
         return _Resized(train, cfg.img_size), _Resized(val, cfg.img_size), cfg.num_classes, names
     from .coco import CocoDetection
@@ -357,8 +358,8 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vitmix dense {cfg.task}: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on "
         f"{cfg.data} ({len(train_set)} train / {len(val_set)} val images, {cfg.img_size}px, {num_classes} classes) "
-        f"for {cfg.epochs} epochs, batch {cfg.batch_size}, device={device}, world size {dist_info.world_size}; "
-        f"run dir {run_dir}")
+        f"for {plural(cfg.epochs, 'epoch')}, batch {cfg.batch_size}, device={device}, "
+        f"world size {dist_info.world_size}; run dir {run_dir}")
     val_loader = _val_loader(val_set, cfg.task, cfg.batch_size // dist_info.world_size, cfg.workers)
     key = SCORE[cfg.task]
     for epoch in range(start, cfg.epochs):
@@ -395,7 +396,7 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
                f"best_{key}": best if history else None}
     if dist_info.is_main:
         save_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-        log(f"done: {len(history)} epochs, {step} steps in {summary['train_seconds']:.0f} s; "
+        log(f"done: {plural(len(history), 'epoch')}, {plural(step, 'step')} in {summary['train_seconds']:.0f} s; "
             + (_scores(summary["final"]) if history else "no epoch trained") + f"; run dir {run_dir}")
     return summary
 

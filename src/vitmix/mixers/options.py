@@ -78,4 +78,5 @@ def positive_int(value, name: str, minimum: int) -> int:
     return value
 
 
-__all__ = ["NORM_LAYERS", "check_choice", "check_newton", "norm_layer_class", "positive_int", "reject_unsupported", "stride_option"]
+__all__ = ["NORM_LAYERS", "check_choice", "check_newton", "norm_layer_class", "positive_int", "reject_unsupported",
+           "stride_option"]

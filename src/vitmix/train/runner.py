@@ -19,7 +19,7 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from .._util import table_columns
+from .._util import plural, table_columns
 from ..data import build_datasets, build_loaders, is_video_dataset
 from ..data.sampling import GlobalBatchSampler, SeededSamples, ShardSampler
 from ..runs import (
@@ -104,10 +104,6 @@ def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
 def _rate_unit(data: str) -> str:
     """What ``images_per_s`` counts, for the logs: clips for video data, else images."""
     return "clips/s" if is_video_dataset(data) else "img/s"
-
-
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _summary_table(history, rate_unit: str = "img/s") -> str:
@@ -269,7 +265,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
         clear_aborted(run_dir)
         save_run_config(run_dir, cfg, f"img_size={img_size} world_size={info.world_size}")
     log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
-        f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {_plural(cfg.epochs, 'epoch')}, "
+        f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {plural(cfg.epochs, 'epoch')}, "
         f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
         f"{f' (--lr × {global_batch}/{cfg.lr_base_batch})' if cfg.lr_base_batch else ''}; run dir {run_dir}")
 
