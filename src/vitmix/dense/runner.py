@@ -331,6 +331,8 @@ def train_dense(cfg: DenseConfig, log=print) -> dict:
 def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, log) -> dict:
     import torch.distributed as dist
 
+    from ..train.runner import resuming_line
+
     device = dist_info.device
     torch.manual_seed(cfg.seed)
     model = build_dense_model(_meta(cfg, num_classes, classes, 0)).to(device)
@@ -343,6 +345,7 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
                           lambda h: _rewrite_weights(run_dir, model, _meta(cfg, num_classes, classes, len(h))),
                           is_main=dist_info.is_main)
         start, step, history = done.epoch, done.step, done.history
+        log(resuming_line(run_dir, start, step))
         best = done.state.get("best_score", best)
     if dist_info.is_main:
         save_run_config(run_dir, cfg, f"num_classes={num_classes}")

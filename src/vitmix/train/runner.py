@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import io
 import json
@@ -29,7 +30,7 @@ from ..runs import (
 )
 from ..runs import load_model, resolve_checkpoint  # noqa: F401  (re-exported: vitmix.train.runner.load_model)
 from .compiled import CompiledWithFallback
-from .config import TrainConfig
+from .config import TrainConfig, load_yaml
 from .distributed import DistInfo, cleanup, init_distributed, key_drop_path
 from .engine import AMP_DTYPES, Recipe, _quiet, evaluate, train_one_epoch
 from .init_from import (
@@ -201,6 +202,18 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     return _prepare_run_dir(cfg, TrainConfig, RESUME_MAY_CHANGE, f"{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}")
 
 
+def _saved_default_size(cfg: TrainConfig) -> TrainConfig:
+    """``--resume --img-size S`` on a run saved without a size (null: the model's default) asks for no
+    change when S is that default: ``cfg`` with the size left unset again, so the check passes."""
+    saved = Path(cfg.out or "", "config.yaml")
+    if not (cfg.resume and cfg.img_size is not None and saved.is_file()):
+        return cfg
+    values = load_yaml(saved)
+    if values.get("img_size") is None and cfg.img_size == default_img_size(values.get("model", cfg.model)):
+        return dataclasses.replace(cfg, img_size=None)
+    return cfg
+
+
 def world_loaders(train_set, val_set, cfg: TrainConfig, info: DistInfo):
     """``(train_loader, val_loader, batch_sampler)`` for this rank, the same run at any world size:
     each step trains on one global batch of ``world_size × batch_size`` images of a permutation that
@@ -221,6 +234,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
         source = find_teacher(cfg.init_from)
         cfg = teacher_config(cfg, source)
         check_world(cfg, info.world_size)
+    cfg = _saved_default_size(cfg)
     run_dir = prepare_run_dir(cfg)   # first: a changed --resume is refused even where its new data is missing
     if source is not None and cfg.resume:
         check_unchanged(run_dir, source)
@@ -404,6 +418,12 @@ def _update_top_k(run_dir: Path, model, history, meta, k: int) -> list:
     return sorted(keep)
 
 
+def resuming_line(run_dir: Path, epoch: int, step: int) -> str:
+    """What a resume says before it trains: where it continues (epoch N = the first one to run)."""
+    return (f"resuming {run_dir} at epoch {epoch + 1}, after {plural(epoch, 'finished epoch')} and "
+            f"{plural(step, 'step')}")
+
+
 def _resume(run_dir, model, r, loader, is_main, log, meta_for):
     """Load the last complete checkpoint set (see :func:`vitmix.runs.resume_run`): ``(epoch, step,
     best_acc, history)``; a partial set of an interrupted epoch is rewritten from it."""
@@ -412,6 +432,7 @@ def _resume(run_dir, model, r, loader, is_main, log, meta_for):
             save_weights(model, run_dir / "last.safetensors", meta_for(history[-1]))
 
     done = resume_run(run_dir, _trainable(model, r, loader), log, rewrite, is_main)
+    log(resuming_line(run_dir, done.epoch, done.step))
     return done.epoch, done.step, float(done.state.get("best_acc", -1.0)), done.history
 
 
