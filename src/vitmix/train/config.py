@@ -49,6 +49,7 @@ class TrainConfig(YamlConfig):
     workers: int = 0
     max_steps: Optional[int] = None      # stop after this many optimizer steps (smoke tests)
     train_subset: Optional[int] = None   # train on a fixed seeded subset of this many images
+    val_subset: Optional[int] = None     # validate on a fixed subset of this many images (None: all)
     out: Optional[str] = None
     resume: bool = False
     device: Optional[str] = None
@@ -62,7 +63,7 @@ class TrainConfig(YamlConfig):
     def check_values(self) -> None:
         """A number out of range is a one-line ``ValueError`` naming the flag, before any work
         (a batch of 0 images would otherwise fail deep inside a mixer's reshape)."""
-        for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch", "accum_steps",
+        for name in ("epochs", "batch_size", "max_steps", "train_subset", "val_subset", "lr_base_batch", "accum_steps",
                      "keep_top_k", "img_size", "num_frames"):
             _check(name, getattr(self, name), lambda v: v > 0, "a positive integer")
         _check("workers", self.workers, lambda v: v >= 0, "an integer >= 0")

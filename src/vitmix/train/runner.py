@@ -92,6 +92,19 @@ def _subset(train_set, size: Optional[int], seed: int):
     return train_set if order is None else torch.utils.data.Subset(train_set, order.tolist())
 
 
+#: the seed of ``--val-subset``'s draw: fixed, so runs of any ``--seed`` validate on the same images
+VAL_SUBSET_SEED = 0
+
+
+def val_subset(val_set, size: Optional[int]):
+    """A fixed random subset of ``size`` validation images (the whole set for ``None``), drawn with
+    :data:`VAL_SUBSET_SEED`; smaller subsets are nested in larger ones."""
+    if size is not None and size > len(val_set):
+        raise ValueError(f"--val-subset {size} must be between 1 and the {len(val_set)} validation images")
+    order = seeded_subset(len(val_set), size, VAL_SUBSET_SEED, "--val-subset")
+    return val_set if order is None else torch.utils.data.Subset(val_set, order.tolist())
+
+
 def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
     """What a checkpoint records to rebuild its model, and the epoch's ``epoch``/``val_acc``."""
     video = {} if data_info.num_frames is None else {"num_frames": data_info.num_frames}
@@ -244,6 +257,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
                                                    num_frames=cfg.num_frames)
     check_video_recipe(cfg, data_info)
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
+    val_set = val_subset(val_set, cfg.val_subset)
     model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size,
                         data_info.num_frames).to(info.device)
     teacher = None
