@@ -34,6 +34,9 @@ RESUME_MAY_CHANGE = ("out", "resume", "device", "epochs", "max_steps", "workers"
 CHECKPOINT_FILES = ("last.safetensors", "best.safetensors", "metrics.jsonl")
 #: the validation number that picks best.safetensors, per task
 SCORE = {"segment": "mIoU", "detect": "box_AP"}
+#: the scores written in percent (metrics.jsonl, summary.json, eval JSON); summary.json's ``units`` says so,
+#: since runs written before held fractions
+PERCENT = ("mIoU", "pixel_accuracy")
 #: the ``task`` a checkpoint's metadata records
 META_TASK = {"segment": "segmentation", "detect": "detection"}
 IGNORE_INDEX = 255
@@ -193,14 +196,16 @@ def _train_epoch(model, optimizer, scheduler, loader, cfg: DenseConfig, epoch: i
 
 
 def evaluate(model, loader, task: str, num_classes: int, device, amp: bool = False, masks: bool = True) -> dict:
-    """The task's validation numbers: ``mIoU`` and ``pixel_accuracy`` (segment) or COCO ``box_AP``,
-    ``box_AP50``, ``box_AP75`` and, with masks, ``mask_*`` (detect)."""
+    """The task's validation numbers: ``mIoU`` and ``pixel_accuracy`` in percent (segment; as ``vitmix
+    train`` reports accuracy), or COCO ``box_AP``, ``box_AP50``, ``box_AP75`` and, with masks,
+    ``mask_*`` as pycocotools gives them, in [0, 1] (detect)."""
     from .metrics import evaluate_detection, evaluate_segmentation
 
     ctx = torch.autocast(device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
     with ctx:
         if task == "segment":
-            return evaluate_segmentation(model, _progress(desc="val")(loader), num_classes, IGNORE_INDEX, device)
+            scores = evaluate_segmentation(model, _progress(desc="val")(loader), num_classes, IGNORE_INDEX, device)
+            return {k: 100 * v if k in PERCENT else v for k, v in scores.items()}
         return evaluate_detection(model, _progress(desc="val")(loader), num_classes, masks, device)
 
 
@@ -396,6 +401,7 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
                "steps": step,
                "train_seconds": sum(h["epoch_seconds"] for h in history),
                "final": {k: v for k, v in (history[-1] if history else {}).items() if k in _REPORTED},
+               "units": {k: "%" for k in PERCENT},
                f"best_{key}": best if history else None}
     if dist_info.is_main:
         save_text(run_dir / "summary.json", json.dumps(summary, indent=2))
@@ -411,7 +417,7 @@ _REPORTED = ("mIoU", "pixel_accuracy", "box_AP", "box_AP50", "box_AP75", "mask_A
 def _scores(metrics: dict) -> str:
     """``mIoU 41.2 %, pixel acc 88.0 %`` or ``box AP 12.3, mask AP 10.1`` (COCO AP in %)."""
     if "mIoU" in metrics:
-        return f"mIoU {100 * metrics['mIoU']:.2f} %, pixel acc {100 * metrics['pixel_accuracy']:.2f} %"
+        return f"mIoU {metrics['mIoU']:.2f} %, pixel acc {metrics['pixel_accuracy']:.2f} %"
     parts = [f"box AP {100 * metrics['box_AP']:.2f} (AP50 {100 * metrics['box_AP50']:.2f})"]
     if "mask_AP" in metrics:
         parts.append(f"mask AP {100 * metrics['mask_AP']:.2f}")
