@@ -66,3 +66,9 @@ def test_time_call_sample_counts_for_slow_calls():
     fn, calls = _sleeper(0.02)
     res = time_call(fn, min_run_time=0.0, min_samples=4, long_call_s=0.01)
     assert res.samples == [res.warmup_s] == [res.median_s] and len(calls) == 1 and "warm-up" in res.method
+
+
+def test_plural_says_one_epoch_not_one_epochs():
+    from vitmix._util import plural
+
+    assert [plural(n, "epoch") for n in (0, 1, 2)] == ["0 epochs", "1 epoch", "2 epochs"]
