@@ -129,3 +129,13 @@ def test_a_flag_against_the_run_is_one_line(grey_run, tmp_path, capsys):
     assert main(["analyze", "maps", "--checkpoint", str(grey_run), "--img-size", "32", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--img-size 32 differs from the 16 that {grey_run} was trained with" in err
+
+
+def test_distances_use_the_runs_own_mixer_by_default(tmp_path):
+    """Without --mixer, 'the model's own' mixer of a run is the one it trained (its weights fit only it)."""
+    run = tmp_path / "laplacian-run"
+    assert main(["train", "--img-size", "16", "--mixer", "laplacian", "--model-option", "depth=1",
+                 "--model-option", "embed_dim=32", "--model-option", "num_heads=2", "--epochs", "1",
+                 "--max-steps", "1", "--out", str(run)]) == 0
+    rows, _ = _run(tmp_path, "distances", "--checkpoint", str(run), "--images", "2")
+    assert rows

@@ -86,12 +86,15 @@ def checkpoint_meta(checkpoint: str) -> dict:
 def build_model(name: str, img_size: int, mixer: Optional[str] = None, mixer_options: Optional[dict] = None,
                 checkpoint: Optional[str] = None, seed: int = 0, weights: bool = True) -> nn.Module:
     """``vitmix.create_model`` in eval mode; with ``checkpoint`` (a file or run directory) built as that
-    run was — its model options and input channels (a grey-image run has one) — and, unless
+    run was — its model options, input channels (a grey-image run has one) and, for ``mixer=None``, its
+    mixer — and, unless
     ``weights=False`` (a companion model that copies another's weights), with its weights."""
     from ..models import create_model
 
     torch.manual_seed(seed)
     meta = checkpoint_meta(checkpoint) if checkpoint else {}
+    if mixer is None and meta.get("mixer"):   # "the model's own" mixer is the one the run trained
+        mixer, mixer_options = meta["mixer"], dict(meta.get("mixer_options") or {}, **(mixer_options or {}))
     arch = dict(meta.get("model_options") or {}, **({"in_chans": int(meta["in_chans"])} if "in_chans" in meta else {}))
     model = create_model(name, img_size=img_size, mixer=mixer, mixer_options=mixer_options, **arch)
     if checkpoint and weights:

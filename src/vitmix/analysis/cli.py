@@ -68,7 +68,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     d = sub.add_parser("distances", help="query–key L2² and L1 distance histograms per layer")
     _common(d, "vit_tiny_patch4_32", 32, 16, "analysis/distances")
-    d.add_argument("--mixer", default=None, help="mixer to build --model with (default: the model's own)")
+    d.add_argument("--mixer", default=None, help="mixer to build --model with (default: the checkpoint's, else "
+                                                 "the model's own)")
     d.add_argument("--bins", type=int, default=80)
 
     i = sub.add_parser("injectivity", help="distinct queries → distinct outputs, with/without the injective map")
