@@ -74,3 +74,9 @@ def test_cache_dir_follows_the_environment_at_each_call(tmp_path, monkeypatch):
     assert cache_dir("datasets") == tmp_path / "datasets"
     monkeypatch.delenv("VITMIX_CACHE_DIR")
     assert cache_dir() == Path.home() / ".cache" / "vitmix" and not (tmp_path / "datasets").exists()
+
+
+def test_plural_says_one_epoch_not_one_epochs():
+    from vitmix._util import plural
+
+    assert [plural(n, "epoch") for n in (0, 1, 2)] == ["0 epochs", "1 epoch", "2 epochs"]

@@ -69,7 +69,7 @@ RECIPES = {
     "detect": dict(train_scenes=500, val_scenes=100, epochs=6, batch_size=8, lr=1e-3),
 }
 QUICK = dict(train_scenes=8, val_scenes=4, epochs=1, batch_size=4)
-#: the validation numbers tabulated per task (fractions in summary.json, shown in %)
+#: the validation numbers tabulated per task (fractions in dense.json, shown in %)
 METRICS = {"segment": ("mIoU",), "detect": ("box_AP", "mask_AP")}
 METRIC_NAMES = {"mIoU": "mIoU", "box_AP": "box AP", "mask_AP": "mask AP"}
 #: a linear backbone's cost may grow at most this much when the pixels grow 4× (128² → 256²)
@@ -227,6 +227,13 @@ def committed_results(out: Path) -> tuple:
     return runs, costs, {k: data[k] for k in ("command", "environment") if k in data}
 
 
+def _fraction(summary: dict, metric: str):
+    """A run's final ``metric`` as the fraction dense.json stores: runs write mIoU in percent now (their
+    summary.json's ``units`` says so); the committed runs, and COCO AP, are fractions."""
+    value = summary["final"].get(metric)
+    return value / 100 if value is not None and summary.get("units", {}).get(metric) == "%" else value
+
+
 def run_record(run: Run, committed: dict) -> dict:
     """What is known of a run: its finished summary; else, when its folder holds no run, the committed value
     (same recipe); else nothing."""
@@ -234,7 +241,7 @@ def run_record(run: Run, committed: dict) -> dict:
             "recipe": run.recipe}
     summary = finished(run)
     if summary is not None:
-        return dict(base, status="done", final={k: summary["final"].get(k) for k in METRICS[run.task]},
+        return dict(base, status="done", final={k: _fraction(summary, k) for k in METRICS[run.task]},
                     train_seconds=summary["train_seconds"], device=summary.get("device"))
     if (run.run_dir / "config.yaml").is_file():       # begun here: continued, whatever was committed
         return dict(base, status="interrupted", final={})

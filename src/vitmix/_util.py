@@ -20,6 +20,11 @@ def close_matches(name: str, options: Iterable[str], n: int = 3) -> str:
     return f" Did you mean: {', '.join(matches)}?" if matches else ""
 
 
+def plural(n: int, noun: str) -> str:
+    """``"1 epoch"``, ``"3 epochs"``: a count and its noun, for log lines."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 # --------------------------------------------------------------------------------------- autocast
 def autocast(device, dtype=None):
     """Mixed precision for a block of code: ``torch.autocast`` on ``device``'s type computing in
@@ -77,4 +82,4 @@ def cache_dir(*parts: str) -> Path:
     return Path(os.environ.get("VITMIX_CACHE_DIR") or Path.home() / ".cache" / "vitmix", *parts)
 
 
-__all__ = ["autocast", "cache_dir", "close_matches", "markdown_table", "table_columns", "write_csv"]
+__all__ = ["autocast", "cache_dir", "close_matches", "markdown_table", "plural", "table_columns", "write_csv"]

@@ -7,9 +7,12 @@ the sub-parser and sets ``func(args) -> int``. Errors a user can fix (``ValueErr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 
 # Modules that contribute subcommands, in the order `vitmix --help` lists them.
 _SUBCOMMAND_MODULES = (
@@ -30,6 +33,19 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, allow_abbrev: bool = False, **kwargs) -> None:
         super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+
+    def _check_value(self, action, value):
+        """A value outside a flag's choices (or a misspelt command: `vitmix trian`) names the close ones."""
+        if action.choices is not None and value not in action.choices:
+            from ._util import close_matches
+
+            hint = close_matches(str(value), [str(c) for c in action.choices])
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}.{hint or ''} Choose from "
+                                                 f"{', '.join(map(str, action.choices))}")
+
+    def error(self, message: str):
+        """One line on stderr, exit status 2 (argparse's usage block would bury it)."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 class CommandParser(Parser):
@@ -52,10 +68,6 @@ class CommandParser(Parser):
         known = [o[2:] for o, action in self._option_string_actions.items()
                  if o.startswith("--") and action.help is not argparse.SUPPRESS]
         return close_matches(flag[2:], known).replace(": ", ": --").replace(", ", ", --")
-
-    def error(self, message: str):
-        """One line on stderr, exit status 2 (argparse's usage block would bury it)."""
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 #: How to continue an interrupted job whose own message would name the wrong command.
@@ -84,7 +96,8 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with _sigterm_as_interrupt():
+            return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, FloatingPointError) as err:
         print(f"vitmix {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -95,6 +108,24 @@ def main(argv=None) -> int:
     except BrokenPipeError:          # `vitmix mixers | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a scheduler's stop, `kill`) ends a command like Ctrl-C, so it too says how to
+    continue instead of exiting silently; the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

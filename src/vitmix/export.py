@@ -49,7 +49,8 @@ def add_parser(sub) -> None:
                        description="Export a model with a dynamic batch dimension: --format onnx writes an ONNX "
                                    "file and checks it against PyTorch with onnxruntime; --format pt2 writes a "
                                    "torch.export program (load it with torch.export.load after import vitmix).")
-    p.add_argument("--model", required=True, help="a model name (vitmix models, timm's vit_*/deit_*)")
+    p.add_argument("--model", help="a model name (vitmix models, timm's vit_*/deit_*; default: the one a vitmix "
+                                   "--checkpoint records)")
     p.add_argument("--mixer", help="token mixer for timm ViT/DeiT models and the isotropic vitmix ViTs")
     p.add_argument("--checkpoint", help="weights: a vitmix checkpoint or run directory (model rebuilt from its "
                                         "metadata), or a torch .pt/.pth state dict for --model")
@@ -67,10 +68,11 @@ def run_export(args) -> int:
         require_packages(("onnx", "onnxscript") + (() if args.no_verify else ("onnxruntime",)))
     if args.opset is not None and fmt != "onnx":
         raise ValueError("--opset applies to --format onnx only; drop it for --format pt2")
-    out = Path(args.out or f"{args.model}.{fmt}")
+    name = args.model or recorded_model(args.checkpoint)
+    out = Path(args.out or f"{name}.{fmt}")
     if out.is_dir():
-        raise ValueError(f"--out {out} is a directory; give a file name such as {out / (args.model + '.' + fmt)}")
-    model, example = build_model(args.model, args.mixer, args.checkpoint, args.img_size)
+        raise ValueError(f"--out {out} is a directory; give a file name such as {out / (name + '.' + fmt)}")
+    model, example = build_model(name, args.mixer, args.checkpoint, args.img_size)
     program = export_program(model, example)
     if fmt == "pt2":
         import torch
@@ -136,6 +138,17 @@ def build_model(name: str, mixer: Optional[str] = None, checkpoint: Optional[str
         return model.eval(), example_call(model, 2)
     example = torch.randn(2, in_chans, size, size, generator=torch.Generator().manual_seed(0))
     return model.eval(), example
+
+
+def recorded_model(checkpoint: Optional[str]) -> str:
+    """The model a vitmix checkpoint (or run directory) records, for ``--checkpoint`` without ``--model``."""
+    if checkpoint is None:
+        raise ValueError("give --model NAME (see `vitmix models`), or --checkpoint RUN_OR_FILE of a vitmix run")
+    meta = _checkpoint_meta(checkpoint)
+    if meta is None:
+        raise ValueError(f"--checkpoint {checkpoint} is a plain state dict that does not say its model: "
+                         "add --model NAME")
+    return meta["model"]
 
 
 def _checkpoint_meta(checkpoint: str) -> Optional[dict]:

@@ -106,3 +106,36 @@ def test_bad_input_is_one_line_error(argv, expect, tmp_path, capsys):
     assert main(["analyze", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert expect in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def grey_run(tmp_path_factory):
+    """A vitmix run on digits (one input channel) with a small architecture, at 16 px."""
+    out = tmp_path_factory.mktemp("grey") / "run"
+    assert main(["train", "--img-size", "16", "--model-option", "depth=2", "--model-option", "embed_dim=32",
+                 "--model-option", "num_heads=2", "--epochs", "1", "--max-steps", "1", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("analysis", ["maps", "heads", "distances"])
+def test_a_grey_image_run_is_analysed_as_it_was_trained(analysis, grey_run, tmp_path):
+    """A run directory of vitmix's own 1-channel run: its model options, channels and size come from
+    the checkpoint (it used to be built with 3 channels and the defaults, and a directory 'did not exist')."""
+    rows, out = _run(tmp_path, analysis, "--checkpoint", str(grey_run), "--images", "2")
+    assert rows and "16" in (out / f"{analysis}.md").read_text()
+
+
+def test_a_flag_against_the_run_is_one_line(grey_run, tmp_path, capsys):
+    assert main(["analyze", "maps", "--checkpoint", str(grey_run), "--img-size", "32", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--img-size 32 differs from the 16 that {grey_run} was trained with" in err
+
+
+def test_distances_use_the_runs_own_mixer_by_default(tmp_path):
+    """Without --mixer, 'the model's own' mixer of a run is the one it trained (its weights fit only it)."""
+    run = tmp_path / "laplacian-run"
+    assert main(["train", "--img-size", "16", "--mixer", "laplacian", "--model-option", "depth=1",
+                 "--model-option", "embed_dim=32", "--model-option", "num_heads=2", "--epochs", "1",
+                 "--max-steps", "1", "--out", str(run)]) == 0
+    rows, _ = _run(tmp_path, "distances", "--checkpoint", str(run), "--images", "2")
+    assert rows

@@ -133,6 +133,15 @@ def test_the_report_counts_the_devices_of_a_mixed_sweep():
     assert dense._device_name(None) == "–"              # summaries written before the device was recorded
 
 
+def test_runs_in_percent_and_committed_fractions_are_tabulated_alike():
+    """dense.json keeps fractions (the committed runs); a run that says its mIoU is in percent is read as such."""
+    dense = _load()
+    now = {"final": {"mIoU": 30.5, "box_AP": 0.3}, "units": {"mIoU": "%", "pixel_accuracy": "%"}}
+    before = {"final": {"mIoU": 0.305}}
+    assert dense._fraction(now, "mIoU") == pytest.approx(0.305) == dense._fraction(before, "mIoU")
+    assert dense._fraction(now, "box_AP") == 0.3 and dense._fraction(now, "mask_AP") is None
+
+
 def test_quick_runs_never_write_the_committed_folder():
     dense = _load()
     segment = ["--tasks", "segment-128"]

@@ -34,6 +34,24 @@ def test_shape_and_gradients_with_explicit_non_square_grid(name, batch, prefix):
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_an_empty_batch_runs_forward_and_backward(name, prefix):
+    """B = 0 (an empty last shard, a filtered batch) is a valid input: an empty output and zero
+    gradients, not a reshape error (BigBird's index-sparse op and SOFT's C backward raised one)."""
+    hw = (6, 10)
+    layer = mixers.create(name, DIM, HEADS, hw=hw, num_prefix_tokens=prefix)
+    x = torch.randn(0, prefix + hw[0] * hw[1], DIM, requires_grad=True)
+    out = layer(x)
+    assert out.shape == x.shape
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    grads = [p.grad for p in layer.parameters() if p.grad is not None]
+    assert all(not g.any() for g in grads)
+    with torch.no_grad():
+        assert layer.eval()(x).shape == x.shape
+
+
 def _clear_module_caches():
     """Empty vitmix's module-level caches of constants (pooling matrices, sparse plans), so that the next
     call builds them wherever it runs."""

@@ -193,6 +193,24 @@ def test_train_subset_is_a_fixed_seeded_subset(tmp_path):
     assert not (tmp_path / "t").exists()
 
 
+def test_val_subset_validates_on_a_fixed_subset(tmp_path):
+    """--val-subset N: quick runs validate on N images, the same ones whatever --seed (so runs stay
+    comparable), nested in larger subsets; the default keeps the whole split."""
+    from vitmix.train.runner import val_subset
+
+    lines = []
+    train(TrainConfig(**dict(TINY, epochs=1, max_steps=1, val_subset=100), out=str(tmp_path / "v")), log=lines.append)
+    assert "/ 100 val" in lines[0], lines[0]
+    whole = list(range(360))
+    small, large = val_subset(whole, 50), val_subset(whole, 100)
+    assert len(small) == 50 and list(small.indices) == list(large.indices)[:50]
+    assert val_subset(whole, None) is whole
+    with pytest.raises(ValueError, match="--val-subset 361 must be between 1 and the 360 validation images"):
+        val_subset(whole, 361)
+    with pytest.raises(ValueError, match="--val-subset 0 must be a positive integer"):
+        TrainConfig.from_dict({"val_subset": 0})
+
+
 def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
     """Regression (the headline mixer's training crashed with a shape error when its compiled kernel
     failed): with a C compiler that fails and an empty kernel cache, training warns once and gives

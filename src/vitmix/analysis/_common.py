@@ -74,19 +74,44 @@ def _grey_images(path: Path) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ models
+def checkpoint_meta(checkpoint: str) -> dict:
+    """The metadata of a vitmix checkpoint file or run directory (its best checkpoint); ``{}`` for a
+    plain state dict (``.pt``/``.pth``), which records no architecture."""
+    from ..runs import load_weights, resolve_checkpoint
+
+    path = resolve_checkpoint(checkpoint)
+    return load_weights(path)[1] if path.suffix == ".safetensors" else {}
+
+
 def build_model(name: str, img_size: int, mixer: Optional[str] = None, mixer_options: Optional[dict] = None,
-                checkpoint: Optional[str] = None, seed: int = 0) -> nn.Module:
-    """``vitmix.create_model`` in eval mode, optionally with weights from ``checkpoint``."""
+                checkpoint: Optional[str] = None, seed: int = 0, weights: bool = True) -> nn.Module:
+    """``vitmix.create_model`` in eval mode; with ``checkpoint`` (a file or run directory) built as that
+    run was — its model options, input channels (a grey-image run has one) and, for ``mixer=None``, its
+    mixer — and, unless
+    ``weights=False`` (a companion model that copies another's weights), with its weights."""
     from ..models import create_model
 
     torch.manual_seed(seed)
-    model = create_model(name, img_size=img_size, mixer=mixer, mixer_options=mixer_options)
-    if checkpoint:
-        from ..runs import load_into, read_state_dict
+    meta = checkpoint_meta(checkpoint) if checkpoint else {}
+    if mixer is None and meta.get("mixer"):   # "the model's own" mixer is the one the run trained
+        mixer, mixer_options = meta["mixer"], dict(meta.get("mixer_options") or {}, **(mixer_options or {}))
+    arch = dict(meta.get("model_options") or {}, **({"in_chans": int(meta["in_chans"])} if "in_chans" in meta else {}))
+    model = create_model(name, img_size=img_size, mixer=mixer, mixer_options=mixer_options, **arch)
+    if checkpoint and weights:
+        from ..runs import load_into, read_state_dict, resolve_checkpoint
 
         # a different classifier head does not change the attention layers an analysis reads
-        load_into(model, read_state_dict(checkpoint), f"checkpoint {checkpoint}", ignore=("head.",))
+        load_into(model, read_state_dict(resolve_checkpoint(checkpoint)), f"checkpoint {checkpoint}",
+                  ignore=("head.",))
     return model.eval()
+
+
+def model_input(images: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """The grey images (three equal channels) as ``model`` takes them: their first channel for a
+    one-channel model (a run on digits or Fashion-MNIST), unchanged otherwise."""
+    conv = getattr(getattr(model, "patch_embed", None), "proj", None)
+    channels = getattr(conv, "in_channels", images.shape[1])
+    return images[:, :channels] if channels < images.shape[1] else images
 
 
 def copy_matching(dst: nn.Module, src: nn.Module) -> int:
@@ -123,7 +148,7 @@ def capture_mixer_inputs(model: nn.Module, images: torch.Tensor) -> List[Tuple[s
 
         handles.append(m.register_forward_pre_hook(hook))
     try:
-        model(images)
+        model(model_input(images, model))
     finally:
         for h in handles:
             h.remove()

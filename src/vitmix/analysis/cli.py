@@ -17,11 +17,14 @@ ANALYSES = ("approx", "newton", "distances", "injectivity", "heads", "maps")
 
 
 def _common(p: argparse.ArgumentParser, model: str, img_size: int, images: int, out: str) -> None:
-    p.add_argument("--model", default=model, help=f"backbone (default {model})")
-    p.add_argument("--img-size", type=int, default=img_size, help=f"input image side (default {img_size})")
+    p.add_argument("--model", help=f"backbone (default: the checkpoint's, else {model})")
+    p.add_argument("--img-size", type=int, help=f"input image side (default: the checkpoint's, else {img_size})")
+    p.set_defaults(default_model=model, default_img_size=img_size)
     p.add_argument("--images", type=int, default=images, help=f"number of real images (default {images})")
     p.add_argument("--source", default="auto", help="auto, digits or fashion-mnist (default auto)")
-    p.add_argument("--checkpoint", default=None, help="trained weights (.safetensors or .pt) for --model")
+    p.add_argument("--checkpoint", default=None, help="trained weights: a vitmix run directory or checkpoint (its "
+                                                      "model, options, channels and size are used), or a .pt "
+                                                      "state dict for --model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=out, help=f"output directory (default {out})")
 
@@ -65,7 +68,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     d = sub.add_parser("distances", help="query–key L2² and L1 distance histograms per layer")
     _common(d, "vit_tiny_patch4_32", 32, 16, "analysis/distances")
-    d.add_argument("--mixer", default=None, help="mixer to build --model with (default: the model's own)")
+    d.add_argument("--mixer", default=None, help="mixer to build --model with (default: the checkpoint's, else "
+                                                 "the model's own)")
     d.add_argument("--bins", type=int, default=80)
 
     i = sub.add_parser("injectivity", help="distinct queries → distinct outputs, with/without the injective map")
@@ -95,6 +99,22 @@ def _command() -> str:
     return ""
 
 
+def _model_and_size(args):
+    """``--model`` and ``--img-size`` as given, else what a vitmix checkpoint records (a flag that
+    disagrees with it is an error: its weights fit only its own model), else the analysis's defaults."""
+    from ._common import checkpoint_meta
+
+    meta = checkpoint_meta(args.checkpoint) if args.checkpoint else {}
+    recorded = {"model": meta.get("model"), "img_size": int(meta["img_size"]) if "img_size" in meta else None}
+    for name, flag in (("model", "--model"), ("img_size", "--img-size")):
+        given = getattr(args, name)
+        if given is not None and recorded[name] is not None and given != recorded[name]:
+            raise ValueError(f"{flag} {given} differs from the {recorded[name]} that {args.checkpoint} was trained "
+                             f"with; drop {flag}")
+    return (args.model or recorded["model"] or args.default_model,
+            args.img_size or recorded["img_size"] or args.default_img_size)
+
+
 def run(args) -> int:
     """Entry point of ``vitmix analyze``."""
     from .._util import close_matches
@@ -103,9 +123,10 @@ def run(args) -> int:
     if args.source not in SOURCES:
         raise ValueError(f"unknown --source {args.source!r}." + close_matches(args.source, SOURCES)
                          + f" Choose from {', '.join(SOURCES)}")
-    if args.images < 1 or args.img_size < 1:
+    model, img_size = _model_and_size(args)
+    if args.images < 1 or img_size < 1:
         raise ValueError("--images and --img-size must be positive")
-    common = dict(out=args.out, model=args.model, img_size=args.img_size, source=args.source, seed=args.seed,
+    common = dict(out=args.out, model=model, img_size=img_size, source=args.source, seed=args.seed,
                   checkpoint=args.checkpoint, command=_command() or None)
     name = args.analysis
     if name == "approx":

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from ._common import build_model, copy_matching, grid_of, load_images, pyplot, save_figure, write_table
+from ._common import (
+    build_model, copy_matching, grid_of, load_images, model_input, pyplot, save_figure, write_table,
+)
 
 
 def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images: int = 8, source: str = "auto",
@@ -26,8 +28,10 @@ def run(out: str, model: str = "vit_nano_patch4_32", img_size: int = 64, images:
 
     imgs, desc = load_images(images, img_size, source, seed)
     soft = build_model(model, img_size, mixer="softmax", checkpoint=checkpoint, seed=seed)
-    fib = build_model(model, img_size, mixer="fibottention", mixer_options=mixer_options, seed=seed)
+    fib = build_model(model, img_size, mixer="fibottention", mixer_options=mixer_options, seed=seed,
+                      checkpoint=checkpoint, weights=False)
     copy_matching(fib, soft)
+    imgs = model_input(imgs, soft)
     prefix, gh, gw = grid_of(fib)
     n = gh * gw
     table = fa.model_interaction_table(fib, n, prefix)

@@ -68,7 +68,8 @@ def run(out: str, mixers: Optional[Sequence[str]] = None, model: str = "vit_nano
     maps, rows, notes = [], [], []
     for name in names:
         try:
-            row = _query_row(build_model(model, img_size, mixer=name, seed=seed), base, img, (prefix, gh, gw), qr, qc)
+            companion = build_model(model, img_size, mixer=name, seed=seed, checkpoint=checkpoint, weights=False)
+            row = _query_row(companion, base, img, (prefix, gh, gw), qr, qc)
         except (ValueError, NotImplementedError, RuntimeError) as err:
             notes.append(f"{name}: skipped ({str(err).splitlines()[0][:160]})")
             rows.append({"mixer": name, "status": "skipped"})

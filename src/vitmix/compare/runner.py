@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._util import plural
 from ..runs import load_model, save_text
 from ..train.config import TrainConfig
 from ..train.runner import RESUME_MAY_CHANGE, train
@@ -487,7 +488,7 @@ def _run_entry(entry: Entry, plan: dict, corruptions: Optional[dict], bar, remea
         try:
             summary = train_entry(entry, log=_quiet, on_epoch=lambda _m: bar.update())
             row = finish_entry(entry, summary, corruptions, plan)
-            bar.write(f"{name}: top-1 {row['top1']:.2f}% after {row['epochs']} epochs ({entry.run_dir})")
+            bar.write(f"{name}: top-1 {row['top1']:.2f}% after {plural(row['epochs'], 'epoch')} ({entry.run_dir})")
         except KeyboardInterrupt:
             raise
         except Exception as err:  # noqa: BLE001  (any failure becomes a row, the others still run)

@@ -17,7 +17,7 @@ _HELP = {
     "train_scenes": "fashion-scenes: scenes per training epoch",
     "val_scenes": "fashion-scenes: validation scenes",
     "scene_seed": "fashion-scenes: seed of the scenes (the validation scenes are the same for every run)",
-    "masks": "detect: instance masks (Mask R-CNN)",
+    "masks": "detect: boxes only (Faster R-CNN), without the instance masks of Mask R-CNN",
     "batch_size": "global batch size (split over torchrun processes)",
     "lr": "AdamW peak learning rate (linear warm-up, then cosine)",
     "clip_grad": "gradient-norm clip (0 = off)",

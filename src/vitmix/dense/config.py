@@ -1,6 +1,7 @@
 """The config of a ``vitmix dense train`` run; written to ``config.yaml`` in its run directory."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -59,8 +60,12 @@ class DenseConfig(YamlConfig):
         for name in ("preview", "workers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} {getattr(self, name)} must be >= 0")
-        if not self.lr > 0 or self.min_lr < 0 or self.warmup_epochs < 0 or self.weight_decay < 0:
-            raise ValueError("--lr must be > 0 and --min-lr, --warmup-epochs, --weight-decay >= 0")
+        numbers = (self.lr, self.min_lr, self.warmup_epochs, self.weight_decay)
+        if not self.lr > 0 or min(numbers) < 0 or not all(map(math.isfinite, numbers)):
+            raise ValueError("--lr must be > 0 and --min-lr, --warmup-epochs, --weight-decay >= 0 (finite numbers)")
+        if self.min_lr > self.lr:
+            raise ValueError(f"--min-lr {self.min_lr:g} is above --lr {self.lr:g}: the schedule decays from --lr "
+                             "down to --min-lr; lower --min-lr")
         if self.amp_dtype not in ("bfloat16", "float16"):
             raise ValueError(f"--amp-dtype {self.amp_dtype!r}: choose bfloat16 or float16")
         if self.data == "maskfolder" and self.num_classes is None:

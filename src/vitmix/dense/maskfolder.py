@@ -21,6 +21,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 def _folders(root: Path, split: Optional[str]):
+    if split and not (root / split).is_dir() and any((root / s).is_dir() for s in ("train", "val")):
+        raise FileNotFoundError(f"mask folder: {root / split} not found: with split folders, {root} needs both "
+                                f"train/ and val/, each holding images/ and masks/")
     base = root / split if split and (root / split).is_dir() else root
     images, masks = base / "images", base / "masks"
     for folder in (images, masks):

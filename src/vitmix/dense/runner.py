@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._util import close_matches
+from .._util import close_matches, plural
 from ..runs import (
     BEST_FIRST, Trainable, atomic_write, checked_step, load_into, load_weights, model_meta,
     prepare_run_dir as _prepare_run_dir, resolve_checkpoint, resume_run, save_manifest, save_metrics,
@@ -34,6 +34,9 @@ RESUME_MAY_CHANGE = ("out", "resume", "device", "epochs", "max_steps", "workers"
 CHECKPOINT_FILES = ("last.safetensors", "best.safetensors", "metrics.jsonl")
 #: the validation number that picks best.safetensors, per task
 SCORE = {"segment": "mIoU", "detect": "box_AP"}
+#: the scores written in percent (metrics.jsonl, summary.json, eval JSON); summary.json's ``units`` says so,
+#: since runs written before held fractions
+PERCENT = ("mIoU", "pixel_accuracy")
 #: the ``task`` a checkpoint's metadata records
 META_TASK = {"segment": "segmentation", "detect": "detection"}
 IGNORE_INDEX = 255
@@ -101,6 +104,7 @@ def build_data(cfg: DenseConfig):
         from .maskfolder import MaskFolder
 
         train, val = (MaskFolder(cfg.data_dir, cfg.num_classes, split) for split in ("train", "val"))
+        train[0], val[0]       # a mask of the wrong mode, size or labels fails now, not in the first epoch
         names = [f"class {i}" for i in range(cfg.num_classes)]
         return _Resized(train, cfg.img_size), _Resized(val, cfg.img_size), cfg.num_classes, names
     from .coco import CocoDetection
@@ -192,14 +196,16 @@ def _train_epoch(model, optimizer, scheduler, loader, cfg: DenseConfig, epoch: i
 
 
 def evaluate(model, loader, task: str, num_classes: int, device, amp: bool = False, masks: bool = True) -> dict:
-    """The task's validation numbers: ``mIoU`` and ``pixel_accuracy`` (segment) or COCO ``box_AP``,
-    ``box_AP50``, ``box_AP75`` and, with masks, ``mask_*`` (detect)."""
+    """The task's validation numbers: ``mIoU`` and ``pixel_accuracy`` in percent (segment; as ``vitmix
+    train`` reports accuracy), or COCO ``box_AP``, ``box_AP50``, ``box_AP75`` and, with masks,
+    ``mask_*`` as pycocotools gives them, in [0, 1] (detect)."""
     from .metrics import evaluate_detection, evaluate_segmentation
 
     ctx = torch.autocast(device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
     with ctx:
         if task == "segment":
-            return evaluate_segmentation(model, _progress(desc="val")(loader), num_classes, IGNORE_INDEX, device)
+            scores = evaluate_segmentation(model, _progress(desc="val")(loader), num_classes, IGNORE_INDEX, device)
+            return {k: 100 * v if k in PERCENT else v for k, v in scores.items()}
         return evaluate_detection(model, _progress(desc="val")(loader), num_classes, masks, device)
 
 
@@ -330,6 +336,8 @@ def train_dense(cfg: DenseConfig, log=print) -> dict:
 def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, log) -> dict:
     import torch.distributed as dist
 
+    from ..train.runner import resuming_line
+
     device = dist_info.device
     torch.manual_seed(cfg.seed)
     model = build_dense_model(_meta(cfg, num_classes, classes, 0)).to(device)
@@ -342,6 +350,7 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
                           lambda h: _rewrite_weights(run_dir, model, _meta(cfg, num_classes, classes, len(h))),
                           is_main=dist_info.is_main)
         start, step, history = done.epoch, done.step, done.history
+        log(resuming_line(run_dir, start, step))
         best = done.state.get("best_score", best)
     if dist_info.is_main:
         save_run_config(run_dir, cfg, f"num_classes={num_classes}")
@@ -357,8 +366,8 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vitmix dense {cfg.task}: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on "
         f"{cfg.data} ({len(train_set)} train / {len(val_set)} val images, {cfg.img_size}px, {num_classes} classes) "
-        f"for {cfg.epochs} epochs, batch {cfg.batch_size}, device={device}, world size {dist_info.world_size}; "
-        f"run dir {run_dir}")
+        f"for {plural(cfg.epochs, 'epoch')}, batch {cfg.batch_size}, device={device}, "
+        f"world size {dist_info.world_size}; run dir {run_dir}")
     val_loader = _val_loader(val_set, cfg.task, cfg.batch_size // dist_info.world_size, cfg.workers)
     key = SCORE[cfg.task]
     for epoch in range(start, cfg.epochs):
@@ -392,10 +401,11 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
                "steps": step,
                "train_seconds": sum(h["epoch_seconds"] for h in history),
                "final": {k: v for k, v in (history[-1] if history else {}).items() if k in _REPORTED},
+               "units": {k: "%" for k in PERCENT},
                f"best_{key}": best if history else None}
     if dist_info.is_main:
         save_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-        log(f"done: {len(history)} epochs, {step} steps in {summary['train_seconds']:.0f} s; "
+        log(f"done: {plural(len(history), 'epoch')}, {plural(step, 'step')} in {summary['train_seconds']:.0f} s; "
             + (_scores(summary["final"]) if history else "no epoch trained") + f"; run dir {run_dir}")
     return summary
 
@@ -407,7 +417,7 @@ _REPORTED = ("mIoU", "pixel_accuracy", "box_AP", "box_AP50", "box_AP75", "mask_A
 def _scores(metrics: dict) -> str:
     """``mIoU 41.2 %, pixel acc 88.0 %`` or ``box AP 12.3, mask AP 10.1`` (COCO AP in %)."""
     if "mIoU" in metrics:
-        return f"mIoU {100 * metrics['mIoU']:.2f} %, pixel acc {100 * metrics['pixel_accuracy']:.2f} %"
+        return f"mIoU {metrics['mIoU']:.2f} %, pixel acc {metrics['pixel_accuracy']:.2f} %"
     parts = [f"box AP {100 * metrics['box_AP']:.2f} (AP50 {100 * metrics['box_AP50']:.2f})"]
     if "mask_AP" in metrics:
         parts.append(f"mask AP {100 * metrics['mask_AP']:.2f}")

@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .._util import close_matches
+from .._util import close_matches, plural
 from ..data import build_datasets
 from ..models import create_model, is_vitmix_model, list_models
 from ..models.dit import GENERATION, model_task
@@ -284,7 +284,7 @@ def train_generator(cfg: GenerateConfig, log=print) -> dict:
     save_run_config(run_dir, cfg, f"img_size={img_size}")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vitmix generate: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
-        f"({len(data[0])} images, {img_size}px) for {_plural(cfg.epochs, 'epoch')}, {cfg.schedule} "
+        f"({len(data[0])} images, {img_size}px) for {plural(cfg.epochs, 'epoch')}, {cfg.schedule} "
         f"{cfg.prediction}-DDPM T={cfg.timesteps}, device={device}; run dir {run_dir}")
     sampler = ema.module if ema is not None else model
     for epoch in range(start, cfg.epochs):
@@ -312,10 +312,6 @@ def train_generator(cfg: GenerateConfig, log=print) -> dict:
     return summary
 
 
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 def _fd_skipped(cfg: GenerateConfig, history: list) -> Optional[str]:
     """Why the run measures no FD (``None``: it does)."""
     if cfg.fd_samples == 0:
@@ -326,7 +322,7 @@ def _fd_skipped(cfg: GenerateConfig, history: list) -> Optional[str]:
 def _final_line(summary: dict, fd_skipped: Optional[str]) -> str:
     """The run's last line: what was trained, its FD (or why there is none) and where it is."""
     loss = summary["final_train_loss"]
-    trained = (f"{_plural(summary['epochs_run'], 'epoch')}, {_plural(summary['steps'], 'step')} in "
+    trained = (f"{plural(summary['epochs_run'], 'epoch')}, {plural(summary['steps'], 'step')} in "
                f"{summary['train_seconds']:.0f} s" + (f", final loss {loss:.4f}" if loss is not None else ""))
     if fd_skipped is not None:
         fd = f"FD skipped ({fd_skipped})"

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .._util import close_matches  # also imported from here by the mixers
+from .options import norm_layer_class
 
 # Keyword arguments that some timm versions pass to ``attn_layer`` and that mixers may ignore.
 _TIMM_EXTRA_KWARGS = frozenset({"depth", "device", "dtype", "attn_head_dim", "dim_out", "gated"})
@@ -170,7 +171,8 @@ class TokenMixer(nn.Module):
         self.hw = tuple(hw) if hw is not None else None
         self.num_prefix_tokens = num_prefix_tokens
         # timm's attention options, taken once here: subclasses read them instead of repeating the signature
-        self.timm_options = TimmOptions(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
+        self.timm_options = TimmOptions(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
+                                        norm_layer_class(norm_layer))
 
     @classmethod
     def option_names(cls) -> list:

@@ -4,6 +4,11 @@ from __future__ import annotations
 import warnings
 from typing import Optional
 
+from torch import nn
+
+#: ``norm_layer`` by name (a mixer option from the CLI or YAML is text; timm passes a class)
+NORM_LAYERS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+
 
 def check_choice(name: str, value, choices) -> None:
     """``ValueError`` unless ``value`` is one of ``choices``."""
@@ -53,6 +58,19 @@ def stride_option(name: str, landmark_stride: Optional[int], deprecated: dict, d
     return stride
 
 
+def norm_layer_class(value):
+    """``norm_layer`` as a class: ``None`` and classes (timm passes its own) as given, a name of
+    :data:`NORM_LAYERS` as its class; anything else is a ``ValueError`` listing the names, since the
+    layer would otherwise be called only with ``qk_norm``/``scale_norm`` and fail there."""
+    if value is None or callable(value):
+        return value
+    key = str(value).lower().replace("_", "")
+    if key not in NORM_LAYERS:
+        raise ValueError(f"norm_layer={value!r} is not a norm layer: give {' or '.join(NORM_LAYERS)} "
+                         "(it normalises q/k with qk_norm=True and the output with scale_norm=True)")
+    return NORM_LAYERS[key]
+
+
 def positive_int(value, name: str, minimum: int) -> int:
     """``value`` when it is an int ``>= minimum`` (not a bool), else a one-line ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -60,4 +78,5 @@ def positive_int(value, name: str, minimum: int) -> int:
     return value
 
 
-__all__ = ["check_choice", "check_newton", "positive_int", "reject_unsupported", "stride_option"]
+__all__ = ["NORM_LAYERS", "check_choice", "check_newton", "norm_layer_class", "positive_int", "reject_unsupported",
+           "stride_option"]

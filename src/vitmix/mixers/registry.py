@@ -71,10 +71,21 @@ def get_mixer_class(name: str) -> Type[TokenMixer]:
 
 def _check_options(cls: Type[TokenMixer], options: dict) -> None:
     valid = cls.option_names()
-    for key in options:
+    switches = _bool_options(cls)
+    for key, value in options.items():
         if key not in valid:
             hint = close_matches(key, valid)
             raise ValueError(f"mixer {cls.mixer_name!r} has no option {key!r}.{hint} Options: {', '.join(valid)}")
+        if key in switches and not isinstance(value, bool):   # `-M fused=maybe` would be kept as a string
+            raise ValueError(f"mixer {cls.mixer_name!r}: {key}={value!r} must be true or false")
+
+
+def _bool_options(cls: Type[TokenMixer]) -> set:
+    """The constructor options of ``cls`` (and its bases) annotated ``bool``."""
+    import inspect
+
+    return {p.name for klass in cls.__mro__ if issubclass(klass, TokenMixer)
+            for p in inspect.signature(klass.__init__).parameters.values() if p.annotation in (bool, "bool")}
 
 
 def create(name: str, dim: int, num_heads: int = 8, **options) -> TokenMixer:

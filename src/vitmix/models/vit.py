@@ -19,7 +19,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from torch import nn
 
-from ..mixers import set_token_grid
+from ..mixers import TokenMixer, set_token_grid
 from ._builder import mixer_attn_layer, model_cfg
 
 _SMALL = dict(input_size=(3, 32, 32), num_classes=10, crop_pct=1.0, interpolation="bilinear",
@@ -58,8 +58,19 @@ def bind_token_grid(model: nn.Module) -> nn.Module:
             embed.register_forward_hook(partial(_set_grid_hook, vit))
             embed._vitmix_grid_hook = True
     else:
+        _check_bound_grid(vit, tuple(embed.grid_size))
         set_token_grid(vit, tuple(embed.grid_size), getattr(vit, "num_prefix_tokens", None))
     return model
+
+
+def _check_bound_grid(vit: nn.Module, grid: Tuple[int, int]) -> None:
+    """A mixer built with ``hw=`` (``-M hw=[4,4]``) that disagrees with the patch grid is an error
+    naming both, rather than silently replaced by the model's grid."""
+    for mixer in vit.modules():
+        bound = getattr(type(mixer), "bound_options", {}).get("hw") if isinstance(mixer, TokenMixer) else None
+        if bound is not None and tuple(int(s) for s in bound) != tuple(grid):
+            raise ValueError(f"mixer option hw={list(bound)} disagrees with the model's token grid "
+                             f"{list(grid)} (img_size / patch_size); leave hw out: the model sets it")
 
 
 def _create_vit(variant: str, pretrained: bool = False, mixer=None, mixer_options=None, **kwargs):

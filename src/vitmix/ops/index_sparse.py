@@ -181,7 +181,7 @@ class _IndexAttention(torch.autograd.Function):
             out = w[..., :p] @ v[:, :, None, :p] if p else torch.zeros_like(qblk)
             for lo, hi in _chunks(h, rows.shape[1], rows.shape[-1], d):
                 out += w[..., p + lo:p + hi] @ _gather(vflat, rows[..., lo:hi], b, h, d)
-        out = out.view(b, h, -1, d)[:, :, :n]
+        out = out.flatten(2, 3)[:, :, :n]           # sizes spelt out: B = 0 leaves -1 ambiguous
         ctx.save_for_backward(qp, k, v, out, lse, index)
         ctx.qb, ctx.p, ctx.scale = qb, p, scale
         return out
@@ -211,8 +211,8 @@ def _index_backward(qp, k, v, out, lse, index, dout, qb, p, scale):
         wc = w[..., p + lo:p + hi]
         ds = wc * (dblk @ vg.transpose(-1, -2) - delta)              # zero on empty slots (wc = 0)
         dq += (ds @ kg) * scale
-        dkflat.index_add_(1, r, (ds.transpose(-1, -2) @ qblk).reshape(b, -1, d), alpha=scale)
-        dvflat.index_add_(1, r, (wc.transpose(-1, -2) @ dblk).reshape(b, -1, d))
+        dkflat.index_add_(1, r, (ds.transpose(-1, -2) @ qblk).reshape(b, r.numel(), d), alpha=scale)
+        dvflat.index_add_(1, r, (wc.transpose(-1, -2) @ dblk).reshape(b, r.numel(), d))
     dk, dv = dkflat.view(b, h, n, d), dvflat.view(b, h, n, d)
     if p:
         wp = w[..., :p]
@@ -220,7 +220,7 @@ def _index_backward(qp, k, v, out, lse, index, dout, qb, p, scale):
         dq += (dsp @ kpre) * scale
         dk = torch.cat([(dsp.transpose(-1, -2) @ qblk).sum(2) * scale, dk], dim=2)
         dv = torch.cat([(wp.transpose(-1, -2) @ dblk).sum(2), dv], dim=2)
-    return dq.view(b, h, -1, d)[:, :, :n], dk, dv
+    return dq.flatten(2, 3)[:, :, :n], dk, dv
 
 
 def index_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -121,10 +121,17 @@ def load_yaml(path) -> dict:
     try:
         values = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not valid YAML: {err}") from None
+        raise ValueError(f"{path} is not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of config keys, got {type(values).__name__}")
     return values
+
+
+def _yaml_problem(err: "yaml.YAMLError") -> str:
+    """PyYAML's multi-line report (context, problem, a caret drawing) as one line: the problem and where."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or str(err).splitlines()[0]}{where}"
 
 
 def parse_key_values(items) -> Dict[str, Any]:

@@ -45,6 +45,8 @@ _HELP = {
     "distill_weight": "w in (1 - w) x task loss + w x T^2 x KL(teacher || student)",
     "distill_temperature": "softmax temperature T of the distillation",
     "train_subset": "train on a fixed random subset of this many images (seeded by --seed; validation stays whole)",
+    "val_subset": "validate on a fixed random subset of this many images, the same for every seed and run (quick "
+                  "runs; default: the whole validation split)",
 }
 
 
@@ -80,7 +82,7 @@ def add_parser(sub) -> None:
 
 
 #: fields whose default (``None``) does not tell the flag's type
-_INT = ("img_size", "num_frames", "max_steps", "train_subset", "lr_base_batch")
+_INT = ("img_size", "num_frames", "max_steps", "train_subset", "val_subset", "lr_base_batch")
 
 
 def add_config_flags(p: argparse.ArgumentParser, exclude=()) -> None:

@@ -1,6 +1,7 @@
 """One config object for a training run; written to ``config.yaml`` in the run directory."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -48,6 +49,7 @@ class TrainConfig(YamlConfig):
     workers: int = 0
     max_steps: Optional[int] = None      # stop after this many optimizer steps (smoke tests)
     train_subset: Optional[int] = None   # train on a fixed seeded subset of this many images
+    val_subset: Optional[int] = None     # validate on a fixed subset of this many images (None: all)
     out: Optional[str] = None
     resume: bool = False
     device: Optional[str] = None
@@ -61,7 +63,7 @@ class TrainConfig(YamlConfig):
     def check_values(self) -> None:
         """A number out of range is a one-line ``ValueError`` naming the flag, before any work
         (a batch of 0 images would otherwise fail deep inside a mixer's reshape)."""
-        for name in ("epochs", "batch_size", "max_steps", "train_subset", "lr_base_batch", "accum_steps",
+        for name in ("epochs", "batch_size", "max_steps", "train_subset", "val_subset", "lr_base_batch", "accum_steps",
                      "keep_top_k", "img_size", "num_frames"):
             _check(name, getattr(self, name), lambda v: v > 0, "a positive integer")
         _check("workers", self.workers, lambda v: v >= 0, "an integer >= 0")
@@ -72,6 +74,10 @@ class TrainConfig(YamlConfig):
             _check(name, getattr(self, name), lambda v: 0 <= v < 1, "in [0, 1)")
         _check("clip_grad", self.clip_grad, lambda v: v > 0, "> 0 (or null: no clipping)")
         _check("ema_decay", self.ema_decay, lambda v: 0 < v < 1, "between 0 and 1 (e.g. 0.9998)")
+        if self.min_lr > self.lr:   # the cosine decay would climb from --lr up to --min-lr
+            raise ValueError(f"--min-lr {self.min_lr:g} is above --lr {self.lr:g}: the schedule decays from --lr "
+                             "down to --min-lr; lower --min-lr")
+        _check_optimizer(self.opt)
         self._check_init_from()
 
     def _check_init_from(self) -> None:
@@ -87,5 +93,21 @@ class TrainConfig(YamlConfig):
 
 
 def _check(name: str, value, ok, expected: str) -> None:
-    if value is not None and not ok(value):
-        raise ValueError(f"--{name.replace('_', '-')} {value} must be {expected}")
+    """``inf`` passes every bound, so a float must also be finite (``--lr inf`` trained a NaN model)."""
+    if value is not None and not (ok(value) and math.isfinite(value)):
+        finite = "" if math.isfinite(value) else "a finite number, "
+        raise ValueError(f"--{name.replace('_', '-')} {value} must be {finite}{expected}")
+
+
+def _check_optimizer(opt: str) -> None:
+    """``--opt`` is a timm optimizer name (after timm's ``lookahead_``-style prefixes), checked before any
+    work with the close names; timm's own error named neither the flag nor an alternative."""
+    from timm.optim import list_optimizers
+
+    from .._util import close_matches
+
+    known = list_optimizers()
+    name = opt.lower().split("_")[-1]
+    if name not in known:
+        raise ValueError(f"--opt {opt!r} is not an optimizer timm knows.{close_matches(name, known)} "
+                         "See timm.optim.list_optimizers()")

@@ -66,6 +66,9 @@ def find_teacher(init_from: str) -> TeacherSource:
         state, meta = read_state_dict(path), {}
     else:
         raise ValueError(f"--init-from {path}: not a .safetensors, .pt or .pth checkpoint")
+    if meta.get("task") in ("segmentation", "detection"):   # its `data` is a dense dataset: say what it is
+        raise ValueError(f"--init-from {path} is a `vitmix dense` {meta['task']} run; --init-from takes a "
+                         "classifier (a `vitmix train` run or a timm checkpoint)")
     if not all(key in meta for key in _REBUILD_KEYS):
         meta = {}
     return TeacherSource(given, path, meta, state, file_digest(path))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import io
 import json
@@ -19,7 +20,7 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from .._util import table_columns
+from .._util import plural, table_columns
 from ..data import build_datasets, build_loaders, is_video_dataset
 from ..data.sampling import GlobalBatchSampler, SeededSamples, ShardSampler
 from ..runs import (
@@ -29,7 +30,7 @@ from ..runs import (
 )
 from ..runs import load_model, resolve_checkpoint  # noqa: F401  (re-exported: vitmix.train.runner.load_model)
 from .compiled import CompiledWithFallback
-from .config import TrainConfig
+from .config import TrainConfig, load_yaml
 from .distributed import DistInfo, cleanup, init_distributed, key_drop_path
 from .engine import AMP_DTYPES, Recipe, _quiet, evaluate, train_one_epoch
 from .init_from import (
@@ -91,6 +92,19 @@ def _subset(train_set, size: Optional[int], seed: int):
     return train_set if order is None else torch.utils.data.Subset(train_set, order.tolist())
 
 
+#: the seed of ``--val-subset``'s draw: fixed, so runs of any ``--seed`` validate on the same images
+VAL_SUBSET_SEED = 0
+
+
+def val_subset(val_set, size: Optional[int]):
+    """A fixed random subset of ``size`` validation images (the whole set for ``None``), drawn with
+    :data:`VAL_SUBSET_SEED`; smaller subsets are nested in larger ones."""
+    if size is not None and size > len(val_set):
+        raise ValueError(f"--val-subset {size} must be between 1 and the {len(val_set)} validation images")
+    order = seeded_subset(len(val_set), size, VAL_SUBSET_SEED, "--val-subset")
+    return val_set if order is None else torch.utils.data.Subset(val_set, order.tolist())
+
+
 def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
     """What a checkpoint records to rebuild its model, and the epoch's ``epoch``/``val_acc``."""
     video = {} if data_info.num_frames is None else {"num_frames": data_info.num_frames}
@@ -104,10 +118,6 @@ def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
 def _rate_unit(data: str) -> str:
     """What ``images_per_s`` counts, for the logs: clips for video data, else images."""
     return "clips/s" if is_video_dataset(data) else "img/s"
-
-
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _summary_table(history, rate_unit: str = "img/s") -> str:
@@ -205,6 +215,18 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     return _prepare_run_dir(cfg, TrainConfig, RESUME_MAY_CHANGE, f"{cfg.model}-{cfg.mixer or 'default'}-{cfg.data}")
 
 
+def _saved_default_size(cfg: TrainConfig) -> TrainConfig:
+    """``--resume --img-size S`` on a run saved without a size (null: the model's default) asks for no
+    change when S is that default: ``cfg`` with the size left unset again, so the check passes."""
+    saved = Path(cfg.out or "", "config.yaml")
+    if not (cfg.resume and cfg.img_size is not None and saved.is_file()):
+        return cfg
+    values = load_yaml(saved)
+    if values.get("img_size") is None and cfg.img_size == default_img_size(values.get("model", cfg.model)):
+        return dataclasses.replace(cfg, img_size=None)
+    return cfg
+
+
 def world_loaders(train_set, val_set, cfg: TrainConfig, info: DistInfo):
     """``(train_loader, val_loader, batch_sampler)`` for this rank, the same run at any world size:
     each step trains on one global batch of ``world_size × batch_size`` images of a permutation that
@@ -225,6 +247,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
         source = find_teacher(cfg.init_from)
         cfg = teacher_config(cfg, source)
         check_world(cfg, info.world_size)
+    cfg = _saved_default_size(cfg)
     run_dir = prepare_run_dir(cfg)   # first: a changed --resume is refused even where its new data is missing
     if source is not None and cfg.resume:
         check_unchanged(run_dir, source)
@@ -234,6 +257,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
                                                    num_frames=cfg.num_frames)
     check_video_recipe(cfg, data_info)
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
+    val_set = val_subset(val_set, cfg.val_subset)
     model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size,
                         data_info.num_frames).to(info.device)
     teacher = None
@@ -269,7 +293,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
         clear_aborted(run_dir)
         save_run_config(run_dir, cfg, f"img_size={img_size} world_size={info.world_size}")
     log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
-        f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {_plural(cfg.epochs, 'epoch')}, "
+        f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {plural(cfg.epochs, 'epoch')}, "
         f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
         f"{f' (--lr × {global_batch}/{cfg.lr_base_batch})' if cfg.lr_base_batch else ''}; run dir {run_dir}")
 
@@ -408,6 +432,12 @@ def _update_top_k(run_dir: Path, model, history, meta, k: int) -> list:
     return sorted(keep)
 
 
+def resuming_line(run_dir: Path, epoch: int, step: int) -> str:
+    """What a resume says before it trains: where it continues (epoch N = the first one to run)."""
+    return (f"resuming {run_dir} at epoch {epoch + 1}, after {plural(epoch, 'finished epoch')} and "
+            f"{plural(step, 'step')}")
+
+
 def _resume(run_dir, model, r, loader, is_main, log, meta_for):
     """Load the last complete checkpoint set (see :func:`vitmix.runs.resume_run`): ``(epoch, step,
     best_acc, history)``; a partial set of an interrupted epoch is rewritten from it."""
@@ -416,6 +446,7 @@ def _resume(run_dir, model, r, loader, is_main, log, meta_for):
             save_weights(model, run_dir / "last.safetensors", meta_for(history[-1]))
 
     done = resume_run(run_dir, _trainable(model, r, loader), log, rewrite, is_main)
+    log(resuming_line(run_dir, done.epoch, done.step))
     return done.epoch, done.step, float(done.state.get("best_acc", -1.0)), done.history
 
 

@@ -153,7 +153,7 @@ class _SoftMix(torch.autograd.Function):
             g_lm = taps.to(lm_conv.dtype).contiguous()
             g_lnw, g_lnb = dln_w.sum(0).to(ln_w.dtype), dln_b.sum(0).to(ln_b.dtype)
         if ksize:
-            g_conv = dconv.view(b, heads, -1).sum(0).view_as(conv_w).to(conv_w.dtype)
+            g_conv = dconv.view(b, heads, ksize * ksize).sum(0).view_as(conv_w).to(conv_w.dtype)   # B may be 0
         return dqp, dvp.to(ctx.vp_dtype), g_lm, g_lnw, g_lnb, g_conv, None
 
 
