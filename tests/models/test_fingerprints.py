@@ -20,6 +20,11 @@ and they hold on any x86-64 CPU:
   AVX2 kernels (ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2, what an
   AVX2-only CPU runs), 1.8e-15 with 2 threads instead of 1, and 2.3e-12 with the C kernels off
   (VITMIX_DISABLE_C_KERNEL=1: the PyTorch composition, other algorithms and summation orders altogether).
+  The float64 initialisation and inputs are bitwise the same with AVX2 and AVX-512 kernels (float32
+  torch.randn is not: its AVX2 path draws differently from the generic one, another reason for float64).
+  Not covered: x86-64 CPUs without AVX2 (before 2013), where torch runs its generic kernels; emulating one
+  (ATEN_CPU_CAPABILITY=default) moves the pyramids' logits by ~1e-8, from the position embedding's
+  interpolation, which torch computes with float32 weights in that path.
 - TOLERANCE = 1e-9 relative (of the mean |logit| for single logits and of the sum of |logits| for the
   sum, which cancels) is over 400x the largest of those, and 1e6x below what a changed model moves
   (another initialisation or a missing term changes the logits by percents).
