@@ -280,6 +280,18 @@ def test_rope_encodes_relative_position():
     assert torch.equal(rope_2d(cls, 1, H, W)[:, :, :1], cls[:, :, :1])  # prefix untouched
 
 
+def test_rope_of_float64_tokens_rotates_by_float64_angles():
+    """float32 angles would be off by ~1e-7 and limit a float64 model to float32 accuracy (the float64
+    fingerprints of tests/models/test_fingerprints.py must agree across CPUs to 1e-9)."""
+    d, H, W = 8, 3, 5
+    out = rope_2d(torch.ones(1, 1, H * W, d, dtype=torch.float64), 0, H, W)[0, 0]
+    quarter = d // 4
+    for i in range(H * W):
+        angles = [(i // W if j < quarter else i % W) * 100.0 ** (-(j % quarter) / quarter) for j in range(d // 2)]
+        want = [math.cos(a) - math.sin(a) for a in angles] + [math.sin(a) + math.cos(a) for a in angles]
+        assert out[i].tolist() == pytest.approx(want, rel=0, abs=1e-15)
+
+
 def test_bad_input_errors():
     layer = mixers.create("laplacian", 48, 3, num_landmarks=None)   # stride-only landmarks
     with pytest.raises(ValueError, match="not divisible by landmark_stride=2"):

@@ -172,7 +172,7 @@ def _loss(model, batch, task: str, device, cfg: DenseConfig) -> torch.Tensor:
 
 def _train_epoch(model, optimizer, scheduler, loader, cfg: DenseConfig, epoch: int, step: int, device, dist_info
                  ) -> Tuple[dict, int]:
-    from ..train.distributed import all_reduce_sum
+    from ..runs.distributed import all_reduce_sum
 
     model.train()
     total, seen, t0 = 0.0, 0, time.perf_counter()
@@ -318,7 +318,7 @@ def train_dense(cfg: DenseConfig, log=print) -> dict:
     """Train a segmentation or detection model (``cfg.task``) on ``cfg.data``; returns the summary.
 
     Bad input (model, numbers, data, run directory) fails before anything is written."""
-    from ..train.distributed import cleanup, init_distributed
+    from ..runs.distributed import cleanup, init_distributed
 
     check_model(cfg.model)
     check_dependencies(cfg.task)
@@ -436,15 +436,6 @@ def _rewrite_weights(run_dir: Path, model, meta: dict) -> None:
 # ----------------------------------------------------------------------------------------------
 # checkpoints
 # ----------------------------------------------------------------------------------------------
-def is_dense_checkpoint(checkpoint) -> bool:
-    """Whether a checkpoint file or run directory is a ``vitmix dense`` one (read from its metadata)."""
-    try:
-        path = resolve_checkpoint(checkpoint, BEST_FIRST)
-        return path.suffix == ".safetensors" and load_weights(path)[1].get("task") in META_TASK.values()
-    except (FileNotFoundError, ValueError):
-        return False
-
-
 def load_dense(checkpoint, device: Optional[str] = None):
     """``(model, meta, path)`` of a ``vitmix dense train`` checkpoint file or run directory (its best)."""
     from ..runs import parse_device

@@ -58,9 +58,10 @@ def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -
     """
     d = t.shape[-1]
     quarter = d // 4
-    freqs = base ** (-torch.arange(quarter, device=t.device, dtype=torch.float32) / quarter)
-    rows = torch.arange(h, device=t.device, dtype=torch.float32)[:, None].expand(h, w).reshape(-1)
-    cols = torch.arange(w, device=t.device, dtype=torch.float32)[None, :].expand(h, w).reshape(-1)
+    dt = torch.float64 if t.dtype == torch.float64 else torch.float32     # float64 models: float64 angles too
+    freqs = base ** (-torch.arange(quarter, device=t.device, dtype=dt) / quarter)
+    rows = torch.arange(h, device=t.device, dtype=dt)[:, None].expand(h, w).reshape(-1)
+    cols = torch.arange(w, device=t.device, dtype=dt)[None, :].expand(h, w).reshape(-1)
     ang = torch.cat([rows[:, None] * freqs, cols[:, None] * freqs], dim=-1)  # (HW, d/2)
     cos, sin = ang.cos().to(t.dtype), ang.sin().to(t.dtype)
     g = t[:, :, prefix:]

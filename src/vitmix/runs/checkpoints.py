@@ -72,6 +72,16 @@ def save_weights(model: nn.Module, path: Path, meta: Dict[str, Any]) -> None:
 
 def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """Read ``(state_dict, meta)`` from a vitmix safetensors checkpoint."""
+    meta = load_meta(path)
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise _unreadable(path, err) from None
+    return state, meta
+
+
+def load_meta(path: Path) -> Dict[str, Any]:
+    """The metadata of a vitmix safetensors checkpoint, without reading its tensors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -79,12 +89,14 @@ def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get(_META_KEY, "{}"))
-        state = load_file(str(path))
+            return json.loads((f.metadata() or {}).get(_META_KEY, "{}"))
     except (SafetensorError, OSError, json.JSONDecodeError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable safetensors checkpoint ({err}); it may be truncated "
-                         "or corrupt — use the run's other checkpoint (best/last)") from None
-    return state, meta
+        raise _unreadable(path, err) from None
+
+
+def _unreadable(path: Path, err: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable safetensors checkpoint ({err}); it may be truncated "
+                      "or corrupt — use the run's other checkpoint (best/last)")
 
 
 def load_into(model: nn.Module, state: Dict[str, torch.Tensor], source: str = "checkpoint",

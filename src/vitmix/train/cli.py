@@ -189,13 +189,17 @@ def run_train(args) -> int:
 
 
 def run_eval(args) -> int:
-    from .runner import evaluate_checkpoint
+    """``vitmix eval``: the checkpoint's task picks its evaluator (``runs/tasks.py``)."""
+    from ..runs.tasks import evaluator
 
     checkpoint = _eval_checkpoint(args)
-    from ..dense.runner import is_dense_checkpoint
+    return evaluator(checkpoint)(args, checkpoint)
 
-    if is_dense_checkpoint(checkpoint):   # a segmentation/detection run: its task's metrics
-        return _run_dense_eval(args, checkpoint)
+
+def eval_classifier(args, checkpoint: str) -> int:
+    """``vitmix eval`` of a classifier: validation accuracy, or the corruption report."""
+    from .runner import evaluate_checkpoint
+
     if args.corruptions is not None:
         if args.results_file is not None:
             raise ValueError("--results-file is for the plain evaluation; with --corruptions the results go to "
@@ -212,17 +216,6 @@ def run_eval(args) -> int:
     if results_file is not None:
         results_file.write_text(json.dumps(r, indent=2) + "\n")
     return 0
-
-
-def _run_dense_eval(args, checkpoint: str) -> int:
-    from ..dense.cli import report_eval
-
-    given = [flag for flag in ("corruptions", "severities", "seed", "out", "data") if getattr(args, flag) is not None]
-    if given:
-        raise ValueError(f"--{given[0]} is for classifiers; {checkpoint} is a `vitmix dense` run "
-                         "(see `vitmix dense eval --help`)")
-    return report_eval(checkpoint, args.data_dir, args.batch_size, args.device, args.amp,
-                       results_file=_results_file(args.results_file))
 
 
 def _results_file(path):

@@ -31,7 +31,7 @@ from ..runs import (
 from ..runs import load_model, resolve_checkpoint  # noqa: F401  (re-exported: vitmix.train.runner.load_model)
 from .compiled import CompiledWithFallback
 from .config import TrainConfig, load_yaml
-from .distributed import DistInfo, cleanup, init_distributed, key_drop_path
+from ..runs.distributed import DistInfo, cleanup, init_distributed, key_drop_path
 from .engine import AMP_DTYPES, Recipe, _quiet, evaluate, train_one_epoch
 from .init_from import (
     LogitDistillation, check_unchanged, check_world, find_teacher, load_converted, load_teacher, teacher_config,
