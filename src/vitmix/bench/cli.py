@@ -66,7 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend for --compile (default inductor)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench-results", help="results directory (default ./bench-results)")
+    p.add_argument("--out", default="bench-results",
+                   help="results directory (default ./bench-results): new, empty or an earlier bench's; a folder "
+                        "of other files is refused")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -94,10 +96,12 @@ def config_from_args(args) -> BenchConfig:
 
 def run(args) -> int:
     """Entry point of ``vitmix bench``."""
-    from .report import summary_text, write_results
+    from ..runs import check_output_dir
+    from .report import RESULTS_MARKER, summary_text, write_results
     from .sweep import run_sweep
 
     config = config_from_args(args)
+    check_output_dir(args.out, (RESULTS_MARKER,), "vitmix bench results")     # before the sweep's minutes
     result = run_sweep(config, progress=not args.no_progress)
     argv = sys.argv[1:]
     command = ("vitmix " + " ".join(shlex.quote(a) for a in argv) if argv and argv[0] == "bench"

@@ -16,6 +16,7 @@ _EXPORTS = {
     "atomic_write": ".checkpoints:atomic_write",
     "build_classifier": ".checkpoints:build_classifier",
     "check_replaceable": ".directory:check_replaceable",
+    "check_output_dir": ".directory:check_output_dir",
     "check_resumable": ".directory:check_resumable",
     "check_subset": ".resume:check_subset",
     "checked_step": ".optim:checked_step",

@@ -251,14 +251,15 @@ def _run_corruptions(args, checkpoint: str) -> int:
         corruption_summary, corruption_table, default_report_dir, evaluate_checkpoint_corruptions,
         write_corruption_report,
     )
+    from ..runs import check_output_dir
     from .runner import resolve_checkpoint
 
     names = parse_corruptions(args.corruptions)
     severities = parse_severities(args.severities if args.severities is not None else "1,2,3,4,5")
     resolve_checkpoint(checkpoint)                      # a missing checkpoint fails here, before the data
     out = Path(args.out) if args.out else default_report_dir(checkpoint)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a directory for the corruption report")
+    if args.out:          # the default is the run's own folder; a folder given must be new or hold a report
+        check_output_dir(out, ("corruptions.json", "config.yaml"), "corruption report")
     result = evaluate_checkpoint_corruptions(
         checkpoint, data=args.data, data_dir=args.data_dir, device=args.device, corruptions=names,
         severities=severities, seed=args.seed or 0, batch_size=args.batch_size, amp=args.amp)
