@@ -32,6 +32,7 @@ _EXPORTS = {
     "model_meta": ".checkpoints:model_meta",
     "parse_device": ".device:parse_device",
     "prepare_run_dir": ".directory:prepare_run_dir",
+    "read_checkpoint": ".checkpoints:read_checkpoint",
     "read_state_dict": ".checkpoints:read_state_dict",
     "remove_stray_temporaries": ".directory:remove_stray_temporaries",
     "resolve_checkpoint": ".checkpoints:resolve_checkpoint",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -120,23 +122,34 @@ def _mismatch(source: str, own: dict, state: dict, missing: list, unexpected: li
                      + ". Build the model with the same --model/--mixer/--img-size as the run")
 
 
-def read_state_dict(path) -> Dict[str, torch.Tensor]:
-    """The weights in a vitmix safetensors checkpoint or a torch ``.pt``/``.pth`` file (read with
-    ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's ``module.``
-    prefix are removed). Unreadable files are a one-line ``ValueError``."""
+#: Checkpoint files read with ``torch.load(weights_only=True)``; any other file is read as safetensors.
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """``(state_dict, meta)`` of a checkpoint file: the one reader behind every entry point that takes
+    weights (``--init-from``, ``eval``, ``load_model``, ``convert``, ``save_pretrained``, ``analyze``).
+    A safetensors file gives its vitmix metadata; a torch ``.pt``/``.pth``/``.bin`` state dict (read
+    with ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's
+    ``module.`` prefix removed) gives ``meta = {}``. Unreadable files are a one-line ``ValueError``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.suffix == ".safetensors":
-        return load_weights(path)[0]
-    obj = load_state(path)
+    if path.suffix not in TORCH_SUFFIXES:
+        return load_weights(path)
+    obj = _torch_load(path, "checkpoint")
     for key in ("model", "state_dict", "model_state_dict", "model_state"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
             break
     if not isinstance(obj, dict):
         raise ValueError(f"{path} holds no state dict")
-    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}, {}
+
+
+def read_state_dict(path) -> Dict[str, torch.Tensor]:
+    """The weights of a checkpoint file (see :func:`read_checkpoint`)."""
+    return read_checkpoint(path)[0]
 
 
 def save_state(path: Path, state: Dict[str, Any]) -> None:
@@ -149,13 +162,38 @@ def load_state(path: Path) -> Dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no training state at {path}; cannot resume")
+    return _torch_load(path, "training state")
+
+
+def _torch_load(path: Path, what: str):
+    """``torch.load(path, weights_only=True)``; a file it refuses or cannot read is a one-line
+    ``ValueError`` in vitmix's words (torch's own message for a refused pickle is many lines and ends
+    in advice to turn the protection off)."""
     try:
         with warnings.catch_warnings():   # torch's note on foreign pickle protocols precedes our error
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for corrupt or unsafe files
-        raise ValueError(f"{path} is not a loadable training state ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:200]})") from None
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):
+            raise ValueError(f"{path} is not a loadable {what}: it is truncated or corrupt ({_first_line(err)})"
+                             ) from None
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        raise ValueError(
+            f"{path} is not a loadable {what}: it holds pickled code "
+            f"({found.group(1) if found else 'objects beyond tensors'}), not only tensors, and vitmix will not "
+            "unpickle it, since that could run arbitrary code. If you trust its source, convert it once: in Python, "
+            f"torch.load('{path}', weights_only=False), then save only its tensors with torch.save(state_dict, "
+            "'weights.pt') or safetensors.torch.save_file(state_dict, 'weights.safetensors'), and give that file"
+        ) from None
+    except Exception as err:  # torch raises several types for corrupt files (RuntimeError, EOFError, ...)
+        raise ValueError(f"{path} is not a loadable {what}: it is empty, truncated or corrupt "
+                         f"({_first_line(err)})") from None
+
+
+def _first_line(err: Exception) -> str:
+    """``Type: first line of the message`` (at most 200 characters), also for an empty message."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
 
 
 #: Which file of a run directory :func:`resolve_checkpoint` takes, first match wins. A classifier run
@@ -209,8 +247,13 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
     from .device import parse_device
 
     path = resolve_checkpoint(checkpoint)
-    state, meta = load_weights(path)
+    state, meta = read_checkpoint(path)
     missing = [k for k in ("model", "num_classes", "in_chans", "img_size") if k not in meta]
+    if path.suffix in TORCH_SUFFIXES:
+        raise ValueError(f"{path} is a torch state dict: weights without the vitmix metadata of their model, so "
+                         "vitmix cannot rebuild it. Build the model (vitmix.create_model) and load them with "
+                         f"vitmix.runs.load_into(model, vitmix.runs.read_state_dict('{path}')), or start a run from "
+                         f"them with `vitmix train --init-from {path} --model NAME --mixer NAME`")
     if missing:
         raise ValueError(f"{path} has no vitmix metadata ({', '.join(missing)} missing); was it written by "
                          "vitmix train? Build the model yourself and load it with load_into")
