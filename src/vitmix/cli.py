@@ -7,6 +7,7 @@ the sub-parser and sets ``func(args) -> int``. Errors a user can fix (``ValueErr
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -95,6 +96,12 @@ def main(argv=None) -> int:
     except BrokenPipeError:          # `vitmix mixers | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:           # a full disk is the user's to fix: one line (vitmix's names the folder)
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f": {err.filename}" if err.filename else ""
+        print(f"vitmix {args.command}: error: {err.strerror}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,11 +6,13 @@ interrupted save never leaves a half-written checkpoint over a good one.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -30,8 +32,14 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place."""
+#: ``errno`` values of a full disk or an exhausted quota.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def atomic_write(path: Path, write, size: Optional[int] = None) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place; ``size``:
+    about how many bytes it writes. A full disk leaves nothing behind and is an ``OSError`` (ENOSPC)
+    whose one-line message names the folder and the space needed (see :func:`disk_full`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -40,14 +48,51 @@ def atomic_write(path: Path, write) -> None:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())        # mkstemp makes 0600; give the file a normal file's mode
         os.replace(tmp, path)
+    except Exception as err:  # torch.save reports a full disk as a RuntimeError, safetensors as its own error
+        _remove(tmp)                             # first, so that the free space counts without it
+        full = disk_full(path, err, size)
+        if full is None:
+            raise
+        raise full from None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
+
+
+def _remove(tmp: str) -> None:
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+
+
+def disk_full(path: Path, err: Exception, size: Optional[int]) -> Optional[OSError]:
+    """The ``OSError`` to raise for ``err``, a failed write of ``path``, when the disk is full: an
+    ENOSPC/EDQUOT error, or any error while less than ``size`` bytes are free. ``None`` otherwise.
+    Its ``strerror`` is one line naming the folder and the space needed (what the CLI prints)."""
+    free = shutil.disk_usage(path.parent).free
+    if getattr(err, "errno", None) not in _DISK_FULL and (size is None or free >= size):
+        return None
+    need = f"about {_megabytes(size)} needed, {_megabytes(free)} free" if size else f"{_megabytes(free)} free"
+    return OSError(errno.ENOSPC, f"no space left in {path.parent} to write {path.name} ({need}): free some space "
+                                 "there and run the command again (a training run continues with --resume)")
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def tensor_bytes(obj) -> int:
+    """The bytes of the tensors in ``obj`` (nested dicts, lists and tuples): about the size of its file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def save_text(path: Path, text: str) -> None:
     """Write a text file atomically (e.g. ``metrics.jsonl``)."""
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), len(text.encode()))
 
 
 def file_digest(path: Path) -> str:
@@ -69,7 +114,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 def save_weights(model: nn.Module, path: Path, meta: Dict[str, Any]) -> None:
     """Write the model's weights and the metadata needed to rebuild it (``meta``) as safetensors."""
     state = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={_META_KEY: json.dumps(meta)}))
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={_META_KEY: json.dumps(meta)}), tensor_bytes(state))
 
 
 def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
@@ -154,7 +199,7 @@ def read_state_dict(path) -> Dict[str, torch.Tensor]:
 
 def save_state(path: Path, state: Dict[str, Any]) -> None:
     """Write the resumable training state (tensors, numbers, strings and dicts/lists of them only)."""
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    atomic_write(path, lambda tmp: torch.save(state, tmp), tensor_bytes(state))
 
 
 def load_state(path: Path) -> Dict[str, Any]:
