@@ -410,10 +410,16 @@ def _update_top_k(run_dir: Path, model, history, meta, k: int) -> list:
 
 def _resume(run_dir, model, r, loader, is_main, log, meta_for):
     """Load the last complete checkpoint set (see :func:`vitmix.runs.resume_run`): ``(epoch, step,
-    best_acc, history)``; a partial set of an interrupted epoch is rewritten from it."""
-    def rewrite(history):
+    best_acc, history)``; a partial or damaged set is rewritten from it, ``best.safetensors`` from
+    the set's copy of the best epoch's weights (``last`` or ``top/``), or removed when none has them."""
+    def rewrite(history):       # every file the restored state determines (best: see resume_run)
         if history:
-            save_weights(model, run_dir / "last.safetensors", meta_for(history[-1]))
+            meta = meta_for(history[-1])
+            save_weights(model, run_dir / "last.safetensors", meta)
+            if r.ema is not None:
+                save_weights(r.ema.module, run_dir / "ema.safetensors",
+                             dict(meta, val_acc=history[-1]["val_acc_ema"]))
+            save_text(run_dir / "metrics.csv", metrics_csv(history))
 
     done = resume_run(run_dir, _trainable(model, r, loader), log, rewrite, is_main)
     return done.epoch, done.step, float(done.state.get("best_acc", -1.0)), done.history
