@@ -96,3 +96,16 @@ def test_a_plain_state_dict_is_named_as_such_at_every_entry_point(tmp_path, caps
     state, meta = read_checkpoint(plain)                    # the one reader: the weights, no metadata
     assert meta == {} and state.keys() == model.state_dict().keys()
     assert main(["train", "--init-from", str(plain), "--mixer", "soft", *FLAGS, "--out", str(tmp_path / "r")]) == 0
+
+
+def test_the_format_is_read_from_the_file_not_its_name(tmp_path):
+    """A torch file under another suffix (.ckpt) and a safetensors file named .pt read as what they are."""
+    from safetensors.torch import save_file
+
+    weights = {"w": torch.arange(3.0)}
+    torch.save({"state_dict": weights}, tmp_path / "model.ckpt")
+    save_file(weights, str(tmp_path / "model.pt"), metadata={"vitmix": '{"epoch": 1}'})
+    state, meta = read_checkpoint(tmp_path / "model.ckpt")
+    assert meta == {} and torch.equal(state["w"], weights["w"])
+    state, meta = read_checkpoint(tmp_path / "model.pt")
+    assert meta == {"epoch": 1} and torch.equal(state["w"], weights["w"])

@@ -167,20 +167,29 @@ def _mismatch(source: str, own: dict, state: dict, missing: list, unexpected: li
                      + ". Build the model with the same --model/--mixer/--img-size as the run")
 
 
-#: Checkpoint files read with ``torch.load(weights_only=True)``; any other file is read as safetensors.
-TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+def is_safetensors(path: Path) -> bool:
+    """Whether ``path`` is read as safetensors (else as a torch file), by its first bytes: safetensors
+    starts with an 8-byte header length and the header's ``{``, torch with a zip or pickle signature;
+    a file too short or damaged to tell goes by its suffix."""
+    with open(path, "rb") as fh:
+        head = fh.read(9)
+    if len(head) == 9 and head[8:9] == b"{":
+        return True
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        return False
+    return Path(path).suffix == ".safetensors"
 
 
 def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """``(state_dict, meta)`` of a checkpoint file: the one reader behind every entry point that takes
     weights (``--init-from``, ``eval``, ``load_model``, ``convert``, ``save_pretrained``, ``analyze``).
-    A safetensors file gives its vitmix metadata; a torch ``.pt``/``.pth``/``.bin`` state dict (read
-    with ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's
-    ``module.`` prefix removed) gives ``meta = {}``. Unreadable files are a one-line ``ValueError``."""
+    A safetensors file gives its vitmix metadata; a torch state dict (``.pt``/``.pth``; read with
+    ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's ``module.``
+    prefix removed) gives ``meta = {}``. Unreadable files are a one-line ``ValueError``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.suffix not in TORCH_SUFFIXES:
+    if is_safetensors(path):
         return load_weights(path)
     obj = _torch_load(path, "checkpoint")
     for key in ("model", "state_dict", "model_state_dict", "model_state"):
@@ -294,7 +303,7 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
     path = resolve_checkpoint(checkpoint)
     state, meta = read_checkpoint(path)
     missing = [k for k in ("model", "num_classes", "in_chans", "img_size") if k not in meta]
-    if path.suffix in TORCH_SUFFIXES:
+    if not is_safetensors(path):
         raise ValueError(f"{path} is a torch state dict: weights without the vitmix metadata of their model, so "
                          "vitmix cannot rebuild it. Build the model (vitmix.create_model) and load them with "
                          f"vitmix.runs.load_into(model, vitmix.runs.read_state_dict('{path}')), or start a run from "
