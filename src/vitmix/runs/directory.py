@@ -1,7 +1,8 @@
 """The run directory of a ``vitmix train`` or ``vitmix generate train`` run: its name, the checks
 before anything is written (a new run never lands on an existing one or on a folder of other
 files; ``--resume`` keeps the run's ``config.yaml``), the marker of a run that stopped with a
-non-finite loss, and the temporaries an interrupted atomic write leaves behind."""
+non-finite loss, and the temporaries an interrupted atomic write leaves behind. The folder rule is
+:func:`check_output_dir`, which every other command that writes a folder follows too."""
 from __future__ import annotations
 
 import json
