@@ -2,6 +2,7 @@
 (issue 44 item 2): a new or empty folder, or one holding the command's own earlier output, may be
 written; a folder of other files is refused in one line before any work, and left as it was."""
 import hashlib
+import shutil
 
 import pytest
 
@@ -119,3 +120,15 @@ def test_analyze_refuses_a_folder_of_the_users_files(tmp_path, capsys, monkeypat
     (folder / "newton.json").write_text("{}")            # an earlier analysis' output: the folder is vitmix's
     with pytest.raises(pytest.fail.Exception, match="the analysis ran"):
         main(["analyze", "approx", "--out", str(folder)])
+
+
+def test_eval_corruptions_without_out_never_replaces_a_users_report_beside_the_checkpoint(run, tmp_path, capsys):
+    """The default report folder is the checkpoint's: a corruptions.md there that no report wrote is kept."""
+    folder = _user_folder(tmp_path, "corruptions.md")
+    shutil.copy(run / "best.safetensors", folder / "model.safetensors")
+    before = _tree(folder)
+    assert main(["eval", str(folder / "model.safetensors"), "--corruptions", "contrast", "--severities", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{folder} holds corruptions.md, which no corruption report wrote: give --out DIR" \
+        in err[0], err
+    assert _tree(folder) == before
