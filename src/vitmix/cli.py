@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import signal
@@ -108,6 +109,12 @@ def main(argv=None) -> int:
     except BrokenPipeError:          # `vitmix mixers | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:           # a full disk is the user's to fix: one line (vitmix's names the folder)
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f": {err.filename}" if err.filename else ""
+        print(f"vitmix {args.command}: error: {err.strerror}{where}", file=sys.stderr)
+        return 2
 
 
 @contextlib.contextmanager

@@ -86,11 +86,9 @@ def _model_and_facts(model_or_run: RunOrModel) -> Tuple[nn.Module, Dict[str, Any
 
 
 def _from_run(path: Path) -> Tuple[nn.Module, Dict[str, Any]]:
-    from .runs import load_model, load_weights, resolve_checkpoint
+    from .runs import load_checkpoint
 
-    checkpoint = resolve_checkpoint(path)                      # FileNotFoundError names what is missing
-    _, meta = load_weights(checkpoint)
-    model = load_model(checkpoint, device="cpu")
+    model, meta, checkpoint = load_checkpoint(path, device="cpu")   # one-line errors name what is missing
     facts = _mixer_facts(model)
     facts.update(data=meta.get("data"), epoch=meta.get("epoch"), val_acc=meta.get("val_acc"),
                  checkpoint=checkpoint.name)

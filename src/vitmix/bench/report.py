@@ -247,6 +247,10 @@ def load_results(path: str) -> Tuple[SweepResult, Optional[str]]:
     return result, payload.get("command")
 
 
+#: The file that marks a folder as ``vitmix bench`` output, which a later bench may refresh.
+RESULTS_MARKER = "results.json"
+
+
 def write_results(result: SweepResult, out_dir: str, command: Optional[str] = None) -> List[str]:
     """Write CSV, JSON, markdown and plots of ``result`` into ``out_dir``; return the paths."""
     os.makedirs(out_dir, exist_ok=True)
@@ -254,7 +258,7 @@ def write_results(result: SweepResult, out_dir: str, command: Optional[str] = No
     kind = "mixer" if result.config.kind == "mixers" else "model"
     paths = []
     paths.append(write_csv(os.path.join(out_dir, "results.csv"), rows, columns(result.config)))
-    json_path = os.path.join(out_dir, "results.json")
+    json_path = os.path.join(out_dir, RESULTS_MARKER)
     payload = result.to_dict()
     payload["command"] = command
     with open(json_path, "w") as fh:

@@ -336,7 +336,7 @@ def train_dense(cfg: DenseConfig, log=print) -> dict:
 def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, log) -> dict:
     import torch.distributed as dist
 
-    from ..train.runner import resuming_line
+    from ..runs import resuming_line
 
     device = dist_info.device
     torch.manual_seed(cfg.seed)

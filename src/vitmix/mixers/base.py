@@ -89,6 +89,12 @@ def resolve_grid(
     return prefix, h, w
 
 
+class NonFiniteInputError(ValueError, FloatingPointError):
+    """A kernel mixer's input holds NaN or Inf (see ``TokenMixer.rejects_non_finite``). A ``ValueError``
+    to whoever calls the layer on bad data; a ``FloatingPointError`` to a training loop, where it means
+    the run diverged, like a non-finite loss, and takes the same abort path (``aborted.json``)."""
+
+
 class TimmOptions(NamedTuple):
     """timm ``Attention``'s options, as one mixer received them (``TokenMixer.timm_options``)."""
 
@@ -126,8 +132,8 @@ class TokenMixer(nn.Module):
     supports_attn_mask: bool = False
     #: cost in the number of tokens N with the default options: "linear", "n log n" or "quadratic"
     complexity: str = "quadratic"
-    #: kernel mixers (inverses, normalisers) reject NaN/Inf inputs with a ``ValueError`` instead of
-    #: propagating them into an iteration that would hide where they came from
+    #: kernel mixers (inverses, normalisers) reject NaN/Inf inputs with a :class:`NonFiniteInputError`
+    #: instead of propagating them into an iteration that would hide where they came from
     rejects_non_finite: bool = False
     #: True while the layer's parameters still wait for a token grid it has not been told (Linformer's
     #: E/F, sized by N); ``vitmix.create_model`` then runs one forward at the model's input size
@@ -215,8 +221,9 @@ class TokenMixer(nn.Module):
         # one reduction, no (B, N, C) boolean tensor: a NaN/Inf anywhere makes the float32 sum non-finite
         if (self.rejects_non_finite and not torch.compiler.is_compiling()
                 and not bool(torch.isfinite(x.sum(dtype=torch.float32)))):
-            raise ValueError(f"{type(self).__name__}: the input x contains NaN or Inf values; check the layers "
-                             f"before it (a diverged training step, a bad learning rate or an fp16 overflow)")
+            raise NonFiniteInputError(f"{type(self).__name__}: the input x contains NaN or Inf values; check the "
+                                      "layers before it (a diverged training step, a bad learning rate or an fp16 "
+                                      "overflow)")
         if (attn_mask is not None or is_causal) and not self.supports_attn_mask:
             raise ValueError(
                 f"{type(self).__name__} does not support attn_mask/is_causal; use the 'softmax' mixer"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
+import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -19,33 +19,25 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .._util import atomic_write  # noqa: F401  (re-exported: the tasks write through runs)
+
 _META_KEY = "vitmix"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())        # mkstemp makes 0600; give the file a normal file's mode
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def tensor_bytes(obj) -> int:
+    """The bytes of the tensors in ``obj`` (nested dicts, lists and tuples): about the size of its file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def save_text(path: Path, text: str) -> None:
     """Write a text file atomically (e.g. ``metrics.jsonl``)."""
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), len(text.encode()))
 
 
 def file_digest(path: Path) -> str:
@@ -67,7 +59,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 def save_weights(model: nn.Module, path: Path, meta: Dict[str, Any]) -> None:
     """Write the model's weights and the metadata needed to rebuild it (``meta``) as safetensors."""
     state = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={_META_KEY: json.dumps(meta)}))
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={_META_KEY: json.dumps(meta)}), tensor_bytes(state))
 
 
 def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
@@ -132,28 +124,48 @@ def _mismatch(source: str, own: dict, state: dict, missing: list, unexpected: li
                      + ". Build the model with the same --model/--mixer/--img-size as the run")
 
 
-def read_state_dict(path) -> Dict[str, torch.Tensor]:
-    """The weights in a vitmix safetensors checkpoint or a torch ``.pt``/``.pth`` file (read with
+def is_safetensors(path: Path) -> bool:
+    """Whether ``path`` is read as safetensors (else as a torch file), by its first bytes: safetensors
+    starts with an 8-byte header length and the header's ``{``, torch with a zip or pickle signature;
+    a file too short or damaged to tell goes by its suffix."""
+    with open(path, "rb") as fh:
+        head = fh.read(9)
+    if len(head) == 9 and head[8:9] == b"{":
+        return True
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        return False
+    return Path(path).suffix == ".safetensors"
+
+
+def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """``(state_dict, meta)`` of a checkpoint file: the one reader behind every entry point that takes
+    weights (``--init-from``, ``eval``, ``load_model``, ``convert``, ``save_pretrained``, ``analyze``).
+    A safetensors file gives its vitmix metadata; a torch state dict (``.pt``/``.pth``; read with
     ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's ``module.``
-    prefix are removed). Unreadable files are a one-line ``ValueError``."""
+    prefix removed) gives ``meta = {}``. Unreadable files are a one-line ``ValueError``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.suffix == ".safetensors":
-        return load_weights(path)[0]
-    obj = load_state(path)
+    if is_safetensors(path):
+        return load_weights(path)
+    obj = _torch_load(path, "checkpoint")
     for key in ("model", "state_dict", "model_state_dict", "model_state"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
             break
     if not isinstance(obj, dict):
         raise ValueError(f"{path} holds no state dict")
-    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}, {}
+
+
+def read_state_dict(path) -> Dict[str, torch.Tensor]:
+    """The weights of a checkpoint file (see :func:`read_checkpoint`)."""
+    return read_checkpoint(path)[0]
 
 
 def save_state(path: Path, state: Dict[str, Any]) -> None:
     """Write the resumable training state (tensors, numbers, strings and dicts/lists of them only)."""
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    atomic_write(path, lambda tmp: torch.save(state, tmp), tensor_bytes(state))
 
 
 def load_state(path: Path) -> Dict[str, Any]:
@@ -161,13 +173,38 @@ def load_state(path: Path) -> Dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no training state at {path}; cannot resume")
+    return _torch_load(path, "training state")
+
+
+def _torch_load(path: Path, what: str):
+    """``torch.load(path, weights_only=True)``; a file it refuses or cannot read is a one-line
+    ``ValueError`` in vitmix's words (torch's own message for a refused pickle is many lines and ends
+    in advice to turn the protection off)."""
     try:
         with warnings.catch_warnings():   # torch's note on foreign pickle protocols precedes our error
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for corrupt or unsafe files
-        raise ValueError(f"{path} is not a loadable training state ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:200]})") from None
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):
+            raise ValueError(f"{path} is not a loadable {what}: it is truncated or corrupt ({_first_line(err)})"
+                             ) from None
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        raise ValueError(
+            f"{path} is not a loadable {what}: it holds pickled code "
+            f"({found.group(1) if found else 'objects beyond tensors'}), not only tensors, and vitmix will not "
+            "unpickle it, since that could run arbitrary code. If you trust its source, convert it once: in Python, "
+            f"torch.load('{path}', weights_only=False), then save only its tensors with torch.save(state_dict, "
+            "'weights.pt') or safetensors.torch.save_file(state_dict, 'weights.safetensors'), and give that file"
+        ) from None
+    except Exception as err:  # torch raises several types for corrupt files (RuntimeError, EOFError, ...)
+        raise ValueError(f"{path} is not a loadable {what}: it is empty, truncated or corrupt "
+                         f"({_first_line(err)})") from None
+
+
+def _first_line(err: Exception) -> str:
+    """``Type: first line of the message`` (at most 200 characters), also for an empty message."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
 
 
 #: Which file of a run directory :func:`resolve_checkpoint` takes, first match wins. A classifier run
@@ -221,8 +258,13 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
     from .device import parse_device
 
     path = resolve_checkpoint(checkpoint)
-    state, meta = load_weights(path)
+    state, meta = read_checkpoint(path)
     missing = [k for k in ("model", "num_classes", "in_chans", "img_size") if k not in meta]
+    if not is_safetensors(path):
+        raise ValueError(f"{path} is a torch state dict: weights without the vitmix metadata of their model, so "
+                         "vitmix cannot rebuild it. Build the model (vitmix.create_model) and load them with "
+                         f"vitmix.runs.load_into(model, vitmix.runs.read_state_dict('{path}')), or start a run from "
+                         f"them with `vitmix train --init-from {path} --model NAME --mixer NAME`")
     if missing:
         raise ValueError(f"{path} has no vitmix metadata ({', '.join(missing)} missing); was it written by "
                          "vitmix train? Build the model yourself and load it with load_into")

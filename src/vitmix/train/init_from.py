@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runs import (
-    build_classifier, file_digest, flag_of, load_into, load_weights, read_state_dict, resolve_checkpoint,
+    build_classifier, file_digest, flag_of, load_into, load_weights, read_checkpoint, resolve_checkpoint,
     save_text, save_weights,
 )
 from .config import TrainConfig
@@ -60,12 +60,9 @@ def find_teacher(init_from: str) -> TeacherSource:
         path = resolve_checkpoint(given)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"--init-from: {err}") from None
-    if path.suffix == ".safetensors":
-        state, meta = load_weights(path)
-    elif path.suffix in (".pt", ".pth"):
-        state, meta = read_state_dict(path), {}
-    else:
+    if path.suffix not in (".safetensors", ".pt", ".pth"):
         raise ValueError(f"--init-from {path}: not a .safetensors, .pt or .pth checkpoint")
+    state, meta = read_checkpoint(path)
     if meta.get("task") in ("segmentation", "detection"):   # its `data` is a dense dataset: say what it is
         raise ValueError(f"--init-from {path} is a `vitmix dense` {meta['task']} run; --init-from takes a "
                          "classifier (a `vitmix train` run or a timm checkpoint)")
