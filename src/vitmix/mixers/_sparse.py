@@ -58,11 +58,14 @@ class PrefixOnlyGrid:
         return (prefix, x.shape[1] - prefix, *self._qkv(x))
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
-                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
-        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works."""
-        if x.dim() == 3:
+                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None,
+                **options) -> torch.Tensor:
+        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works (a 1-D
+        sequence, ``sequence=True``, needs neither)."""
+        sequence = options.get("sequence")
+        if x.dim() == 3 and not (self.sequence if sequence is None else sequence):
             hw, num_prefix_tokens = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
-        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
+        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens, **options)
 
 
 T = TypeVar("T")
