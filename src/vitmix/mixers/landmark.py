@@ -7,6 +7,13 @@ kernel and a Newton–Schulz inverse, and add a local depthwise convolution of `
 lives here once: the landmark options and their checks, ``landmark_count``, the facts the models
 and benchmarks read (``complexity``, ``bench_options``, ...) and the O(N²) ``attention_map``.
 Each subclass supplies its projections, landmarks and kernel through :meth:`_kernel_weights`.
+
+On a 1-D sequence (``sequence=True``) the landmarks are segment means of the sequence
+(:func:`~vitmix.mixers.sequence.segment_means`, any length), :meth:`sequence_landmarks` of them, and the
+local convolution reads the sequence as one ``1 × L`` row (its ``k × k`` filter acts as the 1-D filter of
+its middle row). A key-padding mask runs each valid length on its own (``padding_mask = "by_length"``):
+the landmark count, the segments and LaplacianFormer's ``1/N`` terms are functions of the valid length,
+so a sample's tokens are mixed exactly as when it runs alone.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..ops._triton import check_backend
 from .base import TokenMixer
-from .grid import LandmarkCount, landmark_grid, landmark_shape
+from .grid import DEFAULT_LANDMARK_GRID, LandmarkCount, landmark_grid, landmark_shape
 
 
 def check_conv_kernel(conv_kernel: Optional[int]) -> int:
@@ -41,6 +48,8 @@ class LandmarkMixer(TokenMixer):
     #: a token sweep of one layer fixes m = 49 (7×7, the count at 224²), so the cost per token stays
     #: constant at every size ("auto" agrees from a 14×14 grid up, and gives fewer below)
     bench_options = {"num_landmarks": 49}
+    on_sequence = "landmarks are segment means along the sequence (any N); the local conv is 1-D"
+    padding_mask = "by_length"
 
     def _init_landmarks(self, landmark_stride: int, num_landmarks: LandmarkCount, grid_remainder: str,
                         conv_kernel: Optional[int], backend: str) -> None:
@@ -86,6 +95,23 @@ class LandmarkMixer(TokenMixer):
         """
         mh, mw = landmark_shape(type(self).__name__, h, w, self.landmark_stride, self.landmark_hw, self.grid_remainder)
         return self._within_exact_cost(h * w, mh, mw) if self.landmark_hw == "auto" else (mh, mw)
+
+    def sequence_landmarks(self, length: int) -> int:
+        """The landmark count on a 1-D sequence of ``length`` tokens: with ``num_landmarks="auto"`` one per
+        ``s²`` tokens (an ``s×s`` block's share on an image, so a layer costs the same on an image and on its
+        flattened tokens), at most 7×7 = 49 and shrunk as on images to stay within exact attention's FLOPs;
+        ``None``: one per ``s²`` tokens; a fixed count: that many. Never more than ``length``, at least 1."""
+        spec = self.landmark_hw
+        if isinstance(spec, tuple):
+            return max(1, min(spec[0] * spec[1], length))
+        m = max(1, length // self.landmark_stride ** 2)
+        if spec != "auto":
+            return m
+        m = min(m, DEFAULT_LANDMARK_GRID[0] * DEFAULT_LANDMARK_GRID[1])
+        floor, exact = min(m, self.min_landmark_side ** 2), 4 * length * length * self.head_dim
+        while m > floor and self.landmark_flops(length, m) > exact:
+            m -= 1
+        return m
 
     #: the smallest landmark grid side ``"auto"`` shrinks to (where the stride grid is that large):
     #: one landmark is a rank-1 map

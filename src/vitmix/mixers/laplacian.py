@@ -48,6 +48,7 @@ from .landmark import LandmarkMixer, check_conv_kernel
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops
 from .registry import register_mixer
+from .sequence import as_row, is_sequence, segment_means
 
 
 def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -> torch.Tensor:
@@ -303,6 +304,8 @@ class LaplacianAttention(LandmarkMixer):
     def _project(self, x: torch.Tensor, grid):
         """``q, k, v`` ``(B, heads, N, d)`` (unscaled: ``qk_scale`` is folded into λ), the landmarks
         ``(B, heads, m, d)`` of ``q`` and ``k``, and the fused ``qkv`` output ``(B, N, 3C)``."""
+        if is_sequence(grid):
+            return self._project_sequence(x, grid)
         prefix, h, w = grid
         b, n, c = x.shape
         nh, d = self.num_heads, self.head_dim
@@ -324,6 +327,18 @@ class LaplacianAttention(LandmarkMixer):
         lm = F.linear(xl, self.qkv.weight[: 2 * c], bias)
         lq, lk = lm.view(b, -1, 2, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v, lq, lk, y
+
+    def _project_sequence(self, x: torch.Tensor, grid):
+        """:meth:`_project` on a 1-D sequence: landmarks by segment means of ``q`` and ``k``; RoPE on the
+        sequence read as one row (the column half of the channels rotates with the position)."""
+        b, n, _ = x.shape
+        y = self.qkv(x)
+        q, k, v = y.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            q, k = (rope_2d(t, *as_row(grid), self.rope_base) for t in (q, k))
+        m = self.sequence_landmarks(grid.length)
+        return q, k, v, segment_means(q, grid, m), segment_means(k, grid, m), y
 
     def _attend(self, q, k, v, lq, lk):
         n = v.shape[-2]
@@ -407,7 +422,7 @@ class LaplacianAttention(LandmarkMixer):
         widths the composed path's ~50 small ops per layer forward (and ~60 backward) cost more than their
         arithmetic (layer N = 65, dim 128, 4 heads, batch 32, fwd+bwd: 17.2 → 8.5 ms); from N ≈ 800 up the
         two take the same time (N = 4096, dim 128, 2 heads, batch 4: 97.5 vs 98.1 ms)."""
-        if (not self._eager_cpu(x) or not self.normalize or self.norm_scale == "learnt"
+        if (not self._eager_cpu(x) or is_sequence(grid) or not self.normalize or self.norm_scale == "learnt"
                 or self.log_tau is not None or self.rope or self.qk_normed
                 or self.inverse != "newton"
                 or self.newton_alpha == "safe" or (self.conv_kernel and self.conv_groups != "channel")
@@ -440,7 +455,7 @@ class LaplacianAttention(LandmarkMixer):
         out = merge_heads(self._attend(q, k, v, lq, lk))
         if self.conv_kernel:
             prefix = grid[0]
-            local = self._local(v, grid).to(out.dtype)
+            local = self._local(v, as_row(grid)).to(out.dtype)
             # zero rows for the prefix tokens: the backward is a slice, not a zero-filled copy
             out = out + (F.pad(local, (0, 0, prefix, 0)) if prefix else local)
         return out

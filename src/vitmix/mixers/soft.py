@@ -49,6 +49,7 @@ from .options import check_choice, check_newton, reject_unsupported, stride_opti
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops
 from .registry import register_mixer
+from .sequence import as_row, is_sequence, segment_means
 
 #: the inverses of the landmark kernel (``inverse=``)
 INVERSES = ("newton", "exact", "newton_legacy")
@@ -244,6 +245,11 @@ class SoftAttention(LandmarkMixer):
     # -- pieces --------------------------------------------------------------------------------
     def _landmarks(self, q: torch.Tensor, grid) -> torch.Tensor:
         """Landmarks ``(B, heads, m, d)`` from the (scaled) grid queries."""
+        if is_sequence(grid):
+            lm = segment_means(q, grid, self.sequence_landmarks(grid.length))
+            if self.landmarks == "conv":    # the s×s conv of a block that holds the segment mean everywhere
+                lm = self.Qnorm_act(lm @ self.Qlandmark_op.weight.sum((2, 3)).T)
+            return lm
         prefix, h, w = grid
         b, nh = q.shape[:2]
         mh, mw = self.landmark_count(h, w)
@@ -309,7 +315,7 @@ class SoftAttention(LandmarkMixer):
         exact GELU) or average pooling; ``None`` otherwise (the composed path, :meth:`_composed`, runs). At small
         widths the composed path's small ops (two mkldnn convs per layer among them, forward and backward) cost
         more than their arithmetic."""
-        if self.inverse != "newton" or not self._eager_cpu(x):
+        if self.inverse != "newton" or not self._eager_cpu(x) or is_sequence(grid):
             return None
         conv_lm = self.landmarks == "conv"
         if conv_lm:     # the official module: LayerNorm with affine, exact GELU (replaced modules: composed)
@@ -339,7 +345,7 @@ class SoftAttention(LandmarkMixer):
     def _composed(self, x: torch.Tensor, grid) -> torch.Tensor:
         """The token mixing before ``ff`` as a composition of torch ops and :mod:`vitmix.ops` (every option, device
         and dtype; the reference of the C paths)."""
-        prefix, h, w = grid
+        prefix, h, w = as_row(grid)
         q, v = self._qv(x)
         lm = self._landmarks(q, grid)
         out = self._attend(q, v, lm)
