@@ -236,3 +236,15 @@ def test_vitmix_mixers_shows_the_1d_behaviour_and_the_masking(capsys):
     assert "one run per valid length" in sequence_line(mixers.get_mixer_class("bigbird"))
     assert sequence_line(_ImageOnly) == "no (needs an image token grid)"
     assert sequence_line(_NoMask).endswith("no key-padding mask")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_attention_maps_of_a_1d_sequence(name):
+    """``vitmix analyze maps`` reads attention_map: it resolves the 1-D layout as forward does."""
+    layer = _layer(name, **({"max_seq_len": 23} if name == "linformer" else {}))
+    x = torch.randn(2, 23, DIM, dtype=torch.float64)
+    try:
+        maps = layer.attention_map(x)
+    except NotImplementedError:
+        pytest.skip(f"{name} exposes no attention map")
+    assert maps.shape == (2, HEADS, 23, 23) and torch.isfinite(maps).all()

@@ -49,6 +49,8 @@ class PrefixOnlyGrid:
 
     def _map_grid(self, x: torch.Tensor, hw, num_prefix_tokens):
         """The resolved grid of ``attention_map``'s input (any length when only a prefix count is known)."""
+        if self.sequence:
+            return self.token_grid(x.shape[1], hw, num_prefix_tokens)
         hw, prefix = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
         return self.token_grid(x.shape[1], hw, prefix)
 

@@ -215,7 +215,9 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         """
         n = x.shape[1]
         prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
-        if hw is not None or self.hw is not None or prefix is None:
+        if self.sequence:
+            prefix = self.token_grid(n, hw, prefix).prefix
+        elif hw is not None or self.hw is not None or prefix is None:
             from .base import resolve_grid
 
             prefix = resolve_grid(n, hw if hw is not None else self.hw, prefix)[0]
