@@ -248,3 +248,24 @@ def test_attention_maps_of_a_1d_sequence(name):
     except NotImplementedError:
         pytest.skip(f"{name} exposes no attention map")
     assert maps.shape == (2, HEADS, 23, 23) and torch.isfinite(maps).all()
+
+
+SEQUENCE_FLOPS = [("soft", {}), ("soft", {"landmarks": "avgpool"}), ("soft_norm", {"num_landmarks": 16}),
+                  ("laplacian", {}), ("laplacian", {"rope": True, "conv_groups": "head"})]
+
+
+@pytest.mark.parametrize("name,options", SEQUENCE_FLOPS, ids=[f"{n}-{o}" for n, o in SEQUENCE_FLOPS])
+def test_analytic_flops_on_a_1d_sequence_match_the_counter(name, options, monkeypatch):
+    """``vitmix bench``'s formula counts the 1-D landmarks (segment means, SOFT's one-block conv) and the
+    1-D local conv as the FLOP counter sees them."""
+    from vitmix.bench.flops import analytic_flops, count_flops
+
+    monkeypatch.setenv("VITMIX_DISABLE_C_KERNEL", "1")       # the eager L1 path (cdist), which the counter sees
+    layer = mixers.create(name, 64, 4, sequence=True, **options)
+    for lin in layer.modules():          # small projections: Newton–Schulz converges from its first start
+        if isinstance(lin, torch.nn.Linear):
+            torch.nn.init.trunc_normal_(lin.weight, std=1e-4)
+    with torch.no_grad():
+        counted = count_flops(lambda: layer(torch.randn(2, 301, 64)))
+    assert counted.uncounted_ops == []
+    assert counted.total == analytic_flops(layer, 2, 301)

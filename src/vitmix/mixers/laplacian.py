@@ -46,7 +46,7 @@ from .. import ops
 from .grid import adaptive_pool, LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
 from .landmark import LandmarkMixer, check_conv_kernel
 from .options import check_choice, check_newton, reject_unsupported, stride_option
-from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops
+from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops, segment_flops
 from .registry import register_mixer
 from .sequence import as_row, is_sequence, segment_means
 
@@ -398,11 +398,14 @@ class LaplacianAttention(LandmarkMixer):
         h = self.num_heads
         m = landmark_total(self, n)
         total = linears_flops(self, batch * n)  # qkv, proj
+        grid = self.token_grid(n)
+        if is_sequence(grid):       # q and k reduced to segment means by the pooling matrix
+            return (total + batch * h * (self.landmark_flops(n, m) + segment_flops(self, n, m, pooled=2))
+                    + local_conv_flops(self, batch, n))
         if not (getattr(self, "rope", False) or self.qk_normed) and n >= 8 * m:
             # landmarks: the pooled input projected by the q/k rows of qkv (pooling commutes with it);
             # done only when N >= 8m, otherwise q and k are pooled (no FLOPs)
             total += linear_flops(batch * m, self.dim, 2 * self.dim)
-        grid = self.token_grid(n)
         if (getattr(self, "rope", False) or self.qk_normed or n < 8 * m) and self._pools_by_product(grid):
             total += batch * h * 2 * (2 * m * grid[1] * grid[2] * self.head_dim)    # q and k by the pooling matrix
         total += batch * h * self.landmark_flops(n, m)

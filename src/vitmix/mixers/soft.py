@@ -47,7 +47,7 @@ from .grid import (
 from .landmark import LandmarkMixer, check_conv_kernel
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
-from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops
+from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops, segment_flops
 from .registry import register_mixer
 from .sequence import as_row, is_sequence, segment_means
 
@@ -299,12 +299,13 @@ class SoftAttention(LandmarkMixer):
     def analytic_flops(self, batch: int, n: int) -> int:
         m = landmark_total(self, n)
         total = linears_flops(self, batch * n)  # W_q, W_v, ff
-        total += batch * self.num_heads * self.landmark_flops(n, m)
+        total += batch * self.num_heads * (self.landmark_flops(n, m) + segment_flops(self, n, m, pooled=1))
         return total + local_conv_flops(self, batch, n)
 
     def landmark_flops(self, n: int, m: int) -> int:
         d, s = self.head_dim, self.landmark_stride
-        conv = 2 * m * d * d * s * s if self.landmarks == "conv" else 0    # the learnt landmark conv
+        window = 1 if self.sequence else s * s        # on a sequence: the conv's summed s×s taps, one product
+        conv = 2 * m * d * d * window if self.landmarks == "conv" else 0    # the learnt landmark conv
         return conv + nystrom_flops(n, m, d, self.newton_iters, tied=True, normalization=self.normalization,
                                     inverse=self.inverse)
 
