@@ -70,7 +70,10 @@ def test_padded_batch_equals_each_sample_unpadded(name, lengths):
     outputs equal those of the samples run alone (<= 1e-10); padded tokens neither leak nor come out non-zero."""
     if min(lengths) < SHORTEST.get(name, 1):
         pytest.skip(f"{name} needs at least {SHORTEST[name]} tokens at {HEADS} heads, padded or not")
-    layer = _layer(name)
+    _check_padded_equals_alone(_layer(name), lengths)
+
+
+def _check_padded_equals_alone(layer, lengths):
     mask = _mask(lengths)
     x = torch.randn(len(lengths), N, DIM, dtype=torch.float64, requires_grad=True)
     out = layer(x, mask=mask)
@@ -84,6 +87,28 @@ def test_padded_batch_equals_each_sample_unpadded(name, lengths):
         assert not grads[0][i, length:].any()   # and padded inputs reach no real output
     for p, g, ref in zip(params, grads[1:], param_grads):
         torch.testing.assert_close(torch.zeros_like(p) if g is None else g, ref, rtol=0, atol=1e-10)
+
+
+#: landmark-mixer options with their own masked arithmetic, and those that fall back to one run per length
+LANDMARK_VARIANTS = [
+    ("soft", dict(landmarks="avgpool", num_landmarks=4), "masked"),
+    ("soft", dict(inverse="exact", conv_kernel=0), "masked"), ("soft", dict(preset="official"), "masked"),
+    ("soft_norm", dict(newton_alpha="official"), "masked"),
+    ("soft_norm", dict(preset="official"), "by_length"),             # the legacy inverse's batch-global α
+    ("laplacian", dict(rope=True, conv_groups="head", num_landmarks=4), "masked"),
+    ("laplacian", dict(normalize=False), "masked"),
+    ("laplacian", dict(norm_scale="learnt", temperature="head", mean_weight=None), "masked"),
+    ("laplacian", dict(norm_scale="sqrt", newton_alpha="official", qk_norm=True), "masked"),
+    ("laplacian", dict(newton_alpha="safe"), "by_length"),          # residual-checked starts
+    ("laplacian", dict(inverse="exact", newton_eps=0.0), "by_length"),     # a singular empty block
+]
+
+
+@pytest.mark.parametrize("name,options,how", LANDMARK_VARIANTS, ids=[f"{n}-{o}" for n, o, _ in LANDMARK_VARIANTS])
+def test_landmark_variants_with_a_prefix_token_mask_exactly(name, options, how):
+    layer = _layer(name, num_prefix_tokens=1, **options)
+    assert layer.padding_mask == how
+    _check_padded_equals_alone(layer, (13, 8, 2))
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -44,11 +44,11 @@ from torch import nn
 
 from .. import ops
 from .grid import adaptive_pool, LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
-from .landmark import LandmarkMixer, check_conv_kernel
+from .landmark import LandmarkMixer, check_conv_kernel, masked_nystrom
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops, segment_flops
 from .registry import register_mixer
-from .sequence import as_row, is_sequence, segment_means
+from .sequence import as_row, is_sequence, segment_means, zero_padding
 
 
 def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -> torch.Tensor:
@@ -210,6 +210,8 @@ class LaplacianAttention(LandmarkMixer):
         self.newton_iters, self.newton_eps = int(newton_iters), float(newton_eps)
         self.newton_alpha, self.inverse = newton_alpha, inverse
         self.conv_groups = conv_groups
+        if newton_alpha == "safe" or (inverse == "exact" and not self.newton_eps):
+            self.padding_mask = "by_length"     # residual-checked starts / a singular empty block: per length
         self.rope, self.rope_base = bool(rope), float(rope_base)
         self._build_layers(qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer, conv_init, temperature)
         # learnt per-head weight of the map's mean(V) term (None: the map's fixed 1; no map, no weight)
@@ -328,15 +330,18 @@ class LaplacianAttention(LandmarkMixer):
         lq, lk = lm.view(b, -1, 2, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v, lq, lk, y
 
-    def _project_sequence(self, x: torch.Tensor, grid):
-        """:meth:`_project` on a 1-D sequence: landmarks by segment means of ``q`` and ``k``; RoPE on the
-        sequence read as one row (the column half of the channels rotates with the position)."""
+    def _project_sequence(self, x: torch.Tensor, grid, pool: Optional[torch.Tensor] = None):
+        """:meth:`_project` on a 1-D sequence: landmarks by segment means of ``q`` and ``k`` (by ``pool``, the
+        per-sample segments of a padded batch, when given); RoPE on the sequence read as one row (the column
+        half of the channels rotates with the position)."""
         b, n, _ = x.shape
         y = self.qkv(x)
         q, k, v = y.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = (rope_2d(t, *as_row(grid), self.rope_base) for t in (q, k))
+        if pool is not None:
+            return q, k, v, pool.to(q.dtype) @ q, pool.to(k.dtype) @ k, y
         m = self.sequence_landmarks(grid.length)
         return q, k, v, segment_means(q, grid, m), segment_means(k, grid, m), y
 
@@ -368,6 +373,27 @@ class LaplacianAttention(LandmarkMixer):
                 mean_v = mean_v * self.mean_weight.view(-1, 1, 1).to(out.dtype)
             out = contrast + mean_v
         return out
+
+    def _attend_masked(self, q, k, v, lq, lk, slots, mask):
+        """:meth:`_attend` on a padded batch (:func:`~vitmix.mixers.landmark.masked_nystrom`): the map's means,
+        variances and N count each sample's real tokens."""
+        options = dict(lam=self.lam / self.qk_scale, iters=self.newton_iters, eps=self.newton_eps,
+                       alpha=self.newton_alpha, inverse=self.inverse, norm_eps=self.norm_eps, backend=self.backend)
+        if not self.normalize:
+            return masked_nystrom(q, k, v, lq, lk, slots, mask, "laplacian", **options).to(v.dtype)
+        whitened, mean_v = masked_nystrom(q, k, v, lq, lk, slots, mask, "laplacian", normalization="injective",
+                                          **options)
+        n = mask.sum(-1).to(whitened.dtype).view(-1, 1, 1, 1)
+        if self.scale_exponent is not None:
+            scale = torch.exp((self.scale_exponent.view(-1, 1, 1).to(n.dtype) - 1.0) * n.log())
+        else:
+            scale = {"none": torch.ones_like(n), "tokens": 1.0 / n, "sqrt": n.rsqrt()}[self.norm_scale]
+        out = whitened * scale
+        if self.log_tau is not None:
+            out = out * self.log_tau.exp().view(-1, 1, 1).to(out.dtype)
+        if self.mean_weight is not None:
+            mean_v = mean_v * self.mean_weight.view(-1, 1, 1).to(out.dtype)
+        return (out + mean_v).to(v.dtype)
 
     def _contrast(self, n: int) -> float:
         """The fixed factor of the map's whitened part at ``n`` tokens (``norm_scale``)."""
@@ -447,9 +473,22 @@ class LaplacianAttention(LandmarkMixer):
             eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, norm_eps=self.norm_eps,
             contrast=self._contrast(n), mean_weight=mean_weight)
 
-    def mix(self, x, grid, attn_mask=None, is_causal=False):
+    def mix(self, x, grid, attn_mask=None, is_causal=False, mask=None):
+        if mask is not None:
+            return self.proj_drop(self.proj(self._masked(x, grid, mask)))
         fused = self._fused(x, grid)
         return self.proj_drop(self.proj(fused if fused is not None else self._composed(x, grid)))
+
+    def _masked(self, x: torch.Tensor, grid, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`_composed` on a padded 1-D batch: each sample's own segment means, padded keys and empty
+        landmark slots left out of the kernel attention and the map, padded values zero before the conv."""
+        pool, slots = self._landmark_pool(grid, mask, x.dtype)
+        q, k, v, lq, lk, _ = self._project_sequence(x, grid, pool)
+        out = merge_heads(self._attend_masked(q, k, v, lq, lk, slots, mask))
+        if self.conv_kernel:
+            local = self._local(zero_padding(v, mask), as_row(grid)).to(out.dtype)
+            out = out + (F.pad(local, (0, 0, grid.prefix, 0)) if grid.prefix else local)
+        return out
 
     def _composed(self, x: torch.Tensor, grid) -> torch.Tensor:
         """The token mixing before ``proj`` as a composition of torch ops and :mod:`vitmix.ops` (every option,

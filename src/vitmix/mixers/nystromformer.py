@@ -24,6 +24,7 @@ from ..ops._common import no_autocast
 from .base import AttentionProjections, TokenMixer
 from .options import reject_unsupported
 from .registry import register_mixer
+from .sequence import segment_pooling
 
 
 def iterative_pinv(a: torch.Tensor, iters: int = 6) -> torch.Tensor:
@@ -40,18 +41,6 @@ def segment_means(t: torch.Tensor, m: int) -> torch.Tensor:
     """``m`` landmarks of ``t (B, h, N, d)``: means of ``m`` consecutive segments of the tokens."""
     b, h, n, d = t.shape
     return F.adaptive_avg_pool1d(t.reshape(b * h, n, d).transpose(1, 2), m).transpose(1, 2).reshape(b, h, m, d)
-
-
-def segment_pooling(lengths: torch.Tensor, n: int, m: int, dtype: torch.dtype) -> torch.Tensor:
-    """``(B, m, n)`` rows that average :func:`segment_means`' windows over each sample's ``lengths[b]`` real
-    tokens (the first ones): ``min(m, length)`` landmarks, the remaining rows zero (no landmark there)."""
-    count = lengths.clamp(max=m)[:, None, None]                               # landmarks of each sample
-    i = torch.arange(m, device=lengths.device)[None, :, None]
-    j = torch.arange(n, device=lengths.device)[None, None, :]
-    length = lengths[:, None, None]
-    start, end = i * length // count, ((i + 1) * length + count - 1) // count
-    inside = (j >= start) & (j < end) & (i < count)
-    return inside.to(dtype) / (end - start).clamp(min=1).to(dtype)
 
 
 def nystromformer_reference(q, k, v, lq, lk, iters: Optional[int] = 6):
@@ -109,7 +98,8 @@ class NystromformerAttention(AttentionProjections, TokenMixer):
                 lq, lk = segment_means(q, m), segment_means(k, m)
                 slots = keys = None
             else:       # each sample's own landmarks; a sample with fewer tokens than m leaves slots empty
-                pool = segment_pooling(mask.sum(-1), q.shape[-2], m, dt)[:, None]    # (B, 1, m, N)
+                lengths = mask.sum(-1)
+                pool = segment_pooling(lengths, lengths.clamp(max=m), m, q.shape[-2], dtype=dt)[:, None]
                 lq, lk = pool @ q, pool @ k
                 slots, keys = pool.sum(-1).gt(0)[..., None, :], mask[:, None, None, :]
             s = q.shape[-1] ** -0.5
@@ -148,5 +138,4 @@ def _softmax(scores: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor
     return scores.softmax(-1) if keep is None else scores.masked_fill(~keep, float("-inf")).softmax(-1)
 
 
-__all__ = ["NystromformerAttention", "iterative_pinv", "nystromformer_reference", "segment_means",
-           "segment_pooling"]
+__all__ = ["NystromformerAttention", "iterative_pinv", "nystromformer_reference", "segment_means"]

@@ -46,6 +46,19 @@ def segment_means(t: torch.Tensor, grid: SequenceGrid, m: int) -> torch.Tensor:
     return avg_pool_landmarks(t, (1, grid.length), (1, m), prefix=grid.prefix)
 
 
+def segment_pooling(lengths: torch.Tensor, counts: torch.Tensor, m: int, n: int, prefix: int = 0,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(B, m, n)`` rows that average :func:`segment_means`' windows per sample of a padded batch: sample ``b``
+    has ``lengths[b]`` real tokens (the first ones), of which the ones after ``prefix`` are cut into
+    ``counts[b] <= m`` segments; rows from ``counts[b]`` on are zero (empty landmark slots)."""
+    count, length = counts[:, None, None], (lengths - prefix)[:, None, None]
+    i = torch.arange(m, device=lengths.device)[None, :, None]
+    j = torch.arange(n, device=lengths.device)[None, None, :] - prefix
+    start, end = i * length // count, ((i + 1) * length + count - 1) // count
+    inside = (j >= start) & (j < end) & (i < count)
+    return inside.to(dtype) / (end - start).clamp(min=1).to(dtype)
+
+
 def check_padding_mask(mask: torch.Tensor, x: torch.Tensor, name: str) -> torch.Tensor:
     """The valid-token count of each sample ``(B,)`` of a key-padding ``mask`` for ``x (B, N, C)``; a one-line
     ``ValueError`` for a mask of the wrong type, shape or layout, or a sample without any real token."""
@@ -80,4 +93,5 @@ def zero_padding(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     return t if mask is None else t * mask[:, None, :, None].to(t.dtype)
 
 
-__all__ = ["SequenceGrid", "as_row", "check_padding_mask", "is_sequence", "key_mask", "segment_means", "zero_padding"]
+__all__ = ["SequenceGrid", "as_row", "check_padding_mask", "is_sequence", "key_mask", "segment_means",
+           "segment_pooling", "zero_padding"]
