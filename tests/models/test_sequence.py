@@ -53,6 +53,15 @@ def test_mixers_that_need_a_2d_grid_are_refused_naming_those_that_work(monkeypat
         vitmix.create_model("seq_lra_tiny", mixer="image_only", seq_len=16)
 
 
+def test_weightformer_is_refused_as_an_image_model_in_one_line():
+    with pytest.raises(ValueError, match="'weightformer' is an image model .*weightformer_base.*not a token mixer: "
+                       "it works on a 2-D patch grid by design") as err:
+        vitmix.create_model("seq_lra_tiny", mixer="weightformer", seq_len=16)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="unknown mixer 'softmx'"):       # a typo still gets its close matches
+        vitmix.create_model("seq_lra_tiny", mixer="softmx", seq_len=16)
+
+
 @pytest.mark.parametrize("mixer", [m for m in sequence_mixers() if m != "linformer"])   # linformer: fixed N
 def test_a_padded_batch_with_its_mask_classifies_each_sample_as_alone(mixer):
     """float64: logits of a right-padded batch with its mask equal each sample's unpadded logits."""

@@ -33,6 +33,22 @@ def sequence_mixers() -> list:
     return [m for m in list_mixers() if get_mixer_class(m).sequence_support(refuse=False) is not None]
 
 
+def _mixer_class(name: str):
+    """The mixer class ``name``; a name that is not a mixer but an image model family (WeightFormer, whose
+    dynamic weights and depthwise convolutions are built on the 2-D patch grid) is a one-line error saying so."""
+    try:
+        return get_mixer_class(name)
+    except ValueError:
+        import timm
+
+        images = [m for m in timm.list_models(f"{name}*") if not is_sequence_model(m)] if isinstance(name, str) else []
+        if not images:
+            raise
+        raise ValueError(f"{name!r} is an image model ({', '.join(images[:3])}), not a token mixer: it works on a 2-D "
+                         f"patch grid by design; sequence models take the mixers that work on 1-D sequences: "
+                         f"{', '.join(sequence_mixers())}") from None
+
+
 class SequenceClassifier(nn.Module):
     """Embedding + learned positions → ``depth`` timm ``Block``s with a vitmix mixer → LayerNorm → mean
     over the tokens → ``Linear → ReLU → Linear`` head.
@@ -62,7 +78,7 @@ class SequenceClassifier(nn.Module):
         if seq_len < 1 or vocab_size < 2:
             raise ValueError(f"seq_len must be >= 1 and vocab_size >= 2, got {seq_len} and {vocab_size}")
         name = mixer or "softmax"
-        if get_mixer_class(name).sequence_support(refuse=False) is None:
+        if _mixer_class(name).sequence_support(refuse=False) is None:
             raise ValueError(f"mixer {name!r} needs a 2-D token grid; sequence models take the mixers that work on "
                              f"1-D sequences: {', '.join(sequence_mixers())}")
         self.num_classes, self.seq_len, self.vocab_size, self.embed = num_classes, seq_len, vocab_size, embed
