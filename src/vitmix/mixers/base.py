@@ -286,9 +286,11 @@ class TokenMixer(nn.Module):
                              f"a mask with {int(lengths.min())} real token(s)")
         return lengths
 
+    @torch.compiler.disable
     def _mix_by_length(self, x: torch.Tensor, grid, lengths: torch.Tensor) -> torch.Tensor:
         """``mix`` of each group of samples with the same valid length, on their unpadded tokens (padded
-        positions zero): exact for patterns that depend on N, at one call per distinct length."""
+        positions zero): exact for patterns that depend on N, at one call per distinct length. A loop over
+        the data's lengths: eager under ``torch.compile`` (the graph breaks around it)."""
         out = x.new_zeros(x.shape[0], x.shape[1], self.dim)
         for length in lengths.unique().tolist():
             rows = (lengths == length).nonzero().squeeze(1)
