@@ -2,8 +2,16 @@
 
 The sources are plain C99 with OpenMP (no torch headers), so a build takes about a second, and the
 library is cached under ``VITMIX_CACHE_DIR`` (default ``~/.cache/vitmix``) keyed by the source, the
-flags, the compiler and the CPU: later processes load it without compiling. Writes are atomic
-(``os.replace``), so processes that build at the same time (torchrun, pytest-xdist) are safe.
+flags, the compiler and the CPU: later processes load it without compiling.
+
+A cached library runs inside the process, so it is loaded only when it can be trusted: its folder
+and the file belong to the current user and are writable by nobody else, and the file's bytes
+match the SHA-256 recorded beside it at build time (``<name>_<key>.sha256``, naming the library
+``<name>_<key>_<digest>.so``). A refused library is rebuilt (one warning naming the reason and the
+path); an unsafe folder is not used at all (one warning, the PyTorch path). A build compiles in a
+private temporary folder, writes the library to a fresh private file and renames it into place,
+then the record: each rename is atomic and the record names a complete library, so processes that
+build at the same time (torchrun, pytest-xdist) are safe.
 
 ``VITMIX_DISABLE_C_KERNEL=1`` turns every C kernel off (the PyTorch paths are used); a missing or
 failing compiler gives one ``RuntimeWarning`` and the same fallback.
@@ -14,15 +22,20 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
 import warnings
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 CFLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
           "-fassociative-math", "-D_POSIX_C_SOURCE=200809L"]
+
+#: ``os.lstat``, looked up at call time so that tests can fake another owner
+_lstat = os.lstat
 
 
 def cpu_tag() -> str:
@@ -40,10 +53,43 @@ def cpu_tag() -> str:
     return tag
 
 
-def compile_shared(source: str, target: str, cc: str) -> str:
-    """Compile ``source`` into the shared library ``target``; returns "" on success, else the error."""
+def cache_dir() -> str:
+    return os.environ.get("VITMIX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "vitmix")
+
+
+def untrusted(path: str, kind: str = "file") -> str:
+    """Why ``path`` (a ``"file"`` or ``"folder"``) must not be trusted, or "" if it may be.
+
+    Another user who owns it, or may write to it, could make this process run their code.
+    """
+    try:
+        st = _lstat(path)
+    except OSError as err:
+        return f"cannot be inspected ({err.strerror})"
+    if not (stat.S_ISDIR if kind == "folder" else stat.S_ISREG)(st.st_mode):
+        return f"is not a regular {kind}"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"is owned by user id {st.st_uid}, not by the current user ({os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def compile_shared(source: str, cc: str) -> Tuple[Optional[bytes], str]:
+    """Compile ``source`` into a shared library in a private temporary folder.
+
+    Returns ``(the library's bytes, "")`` on success, else ``(None, the compiler's error)``.
+    """
     error = ""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:     # mkdtemp: mode 0700, a fresh name
         src = os.path.join(tmp, "kernel.c")
         with open(src, "w") as fh:
             fh.write(source)
@@ -58,12 +104,23 @@ def compile_shared(source: str, target: str, cc: str) -> str:
                 error = str(err)
                 continue
             if res.returncode == 0:
-                tmp_target = f"{target}.{os.getpid()}.tmp"
-                shutil.copyfile(out, tmp_target)
-                os.replace(tmp_target, target)  # atomic: safe with parallel builders
-                return ""
+                with open(out, "rb") as fh:
+                    return fh.read(), ""
             error = (res.stderr or res.stdout).strip()[-500:]
-    return error or "unknown error"
+    return None, error or "unknown error"
+
+
+def write_private(folder: str, final_name: str, data: bytes) -> str:
+    """Write ``data`` to a fresh private file in ``folder`` and rename it to ``final_name`` atomically."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{final_name}.", suffix=".tmp")   # O_EXCL, mode 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, os.path.join(folder, final_name))
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return os.path.join(folder, final_name)
 
 
 def find_compiler() -> Optional[str]:
@@ -105,46 +162,74 @@ class CKernel:
                 self._lib = self._build_and_load()
             return self._lib
 
-    def library_path(self, cc: str) -> str:
-        """Where the library built by ``cc`` is cached (the key covers source, flags, compiler, CPU)."""
+    def record_path(self, cc: str) -> str:
+        """The file recording the SHA-256 of the library built by ``cc`` (the key covers source, flags,
+        compiler, CPU); the library is ``<record stem>_<digest[:16]>.so`` beside it."""
         key = hashlib.sha256("\0".join([self._source(), " ".join(CFLAGS), cc, cpu_tag()]).encode()).hexdigest()[:16]
-        cache = os.environ.get("VITMIX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "vitmix")
-        return os.path.join(cache, f"{self.name}_{key}.so")
+        return os.path.join(cache_dir(), f"{self.name}_{key}.sha256")
+
+    def _warn(self, message: str) -> None:
+        warnings.warn(f"vitmix: {message}", RuntimeWarning, stacklevel=5)
 
     def _build_and_load(self) -> Optional[ctypes.CDLL]:
         cc = find_compiler()
         if cc is None:
-            warnings.warn(f"vitmix: no C compiler (cc/gcc/clang or CC=...) for the {self.name}; using the "
-                          f"PyTorch path", RuntimeWarning, stacklevel=4)
+            self._warn(f"no C compiler (cc/gcc/clang or CC=...) for the {self.name}; using the PyTorch path")
             return None
-        source = self._source()
-        target = self.library_path(cc)
+        record = self.record_path(cc)
+        folder = os.path.dirname(record)
         try:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            error = "" if os.path.exists(target) else compile_shared(source, target, cc)
-            if error:
-                warnings.warn(f"vitmix: could not compile the {self.name} with {cc}; using the PyTorch path. "
-                              f"Compiler output: {error}", RuntimeWarning, stacklevel=4)
-                return None
-            lib = ctypes.CDLL(target)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except OSError as err:
+            self._warn(f"cannot create the kernel cache {folder} ({err}); using the PyTorch path for the {self.name}")
+            return None
+        reason = untrusted(folder, "folder")
+        if reason:
+            self._warn(f"not using the kernel cache {folder} for the {self.name}: it {reason}; using the PyTorch "
+                       f"path (make it private with chmod 700, or set VITMIX_CACHE_DIR to a private folder)")
+            return None
+        if os.path.exists(record):
+            lib, refusal = self._load_cached(record)
+            if lib is not None:
+                return lib
+            self._warn(f"not loading the cached {self.name}: {refusal}; rebuilding it")
+        data, error = compile_shared(self._source(), cc)
+        if data is None:
+            self._warn(f"could not compile the {self.name} with {cc}; using the PyTorch path. Compiler output: {error}")
+            return None
+        digest = hashlib.sha256(data).hexdigest()
+        stem = os.path.basename(record)[:-len(".sha256")]
+        try:
+            path = write_private(folder, f"{stem}_{digest[:16]}.so", data)
+            write_private(folder, os.path.basename(record), digest.encode())   # after the library it names
+            lib = ctypes.CDLL(path)
             self._declare(lib)
         except (OSError, AttributeError) as err:
-            # a truncated/corrupt cached library fails to load or lacks a symbol: rebuild it once
-            try:
-                os.remove(target)
-                error = compile_shared(source, target, cc)
-                lib = None if error else ctypes.CDLL(target)
-                if lib is not None:
-                    self._declare(lib)
-                    warnings.warn(f"vitmix: the cached {self.name} at {target} could not be loaded ({err}) and "
-                                  f"was rebuilt", RuntimeWarning, stacklevel=4)
-                    return lib
-            except (OSError, AttributeError) as err2:
-                err = err2
-            warnings.warn(f"vitmix: cannot load the {self.name} ({err}); using the PyTorch path",
-                          RuntimeWarning, stacklevel=4)
+            self._warn(f"cannot load the {self.name} ({err}); using the PyTorch path")
             return None
         return lib
 
+    def _load_cached(self, record: str) -> Tuple[Optional[ctypes.CDLL], str]:
+        """The cached library if it can be trusted, else ``(None, why not, naming the path)``."""
+        reason = untrusted(record)
+        if reason:
+            return None, f"its record {record} {reason}"
+        with open(record) as fh:
+            digest = fh.read().strip()
+        if not re.fullmatch("[0-9a-f]{64}", digest):
+            return None, f"its record {record} is not a SHA-256"
+        path = f"{record[:-len('.sha256')]}_{digest[:16]}.so"
+        reason = untrusted(path)
+        if not reason and sha256_file(path) != digest:
+            reason = "does not match the SHA-256 recorded when it was built"
+        if reason:
+            return None, f"{path} {reason}"
+        try:
+            lib = ctypes.CDLL(path)
+            self._declare(lib)
+        except (OSError, AttributeError) as err:     # e.g. a library from an older vitmix lacking a symbol
+            return None, f"{path} cannot be loaded ({err})"
+        return lib, ""
 
-__all__ = ["CKernel", "compile_shared", "cpu_tag", "find_compiler", "disabled", "CFLAGS"]
+
+__all__ = ["CKernel", "compile_shared", "cpu_tag", "find_compiler", "disabled", "CFLAGS", "cache_dir", "untrusted"]
