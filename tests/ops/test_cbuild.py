@@ -5,6 +5,8 @@ one-function library, so the checks run without building the large kernels.
 """
 import os
 import stat
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -22,7 +24,9 @@ def kernel(monkeypatch, tmp_path):
     """A tiny C library cached in a fresh folder (kept out of ``CKernel.instances``)."""
     monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("VITMIX_DISABLE_C_KERNEL", raising=False)
-    lib = CKernel("answer_kernel", lambda: "int answer(void) { return 42; }\n", lambda lib: None)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "answer.c").write_text("int answer(void) { return 42; }\n")
+    lib = CKernel("answer_kernel", "answer.c", (), folder=str(tmp_path / "src"))
     CKernel.instances.remove(lib)
     return lib
 
@@ -169,3 +173,34 @@ def test_laplacian_runs_the_pytorch_path_with_an_unsafe_cache(monkeypatch, tmp_p
         out = laplacian_kernel(x, y, 4.0)
     torch.testing.assert_close(out, laplacian_kernel_reference(x, y, 4.0), rtol=1e-5, atol=1e-6)
     assert list(folder.iterdir()) == []
+
+
+def _asan_preload():
+    """The runtimes that a Python process (not itself instrumented) preloads to load an ASan-built library:
+    libasan first, then libstdc++ (ASan's __cxa_throw interceptor needs it loaded at start; Triton throws)."""
+    libs = [subprocess.run([find_compiler(), f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+            for name in ("libasan.so", "libstdc++.so")]
+    return " ".join(libs) if all(os.path.isabs(p) for p in libs) else None
+
+
+@pytest.mark.slow
+def test_sanitized_build_reports_an_out_of_bounds_write(tmp_path):
+    """VITMIX_C_SANITIZE=1 builds with ASan/UBSan (its own cache entry): a heap overflow in a library aborts
+    the process with ASan's report, as CI's sanitizer run of the C op tests relies on."""
+    preload = _asan_preload()
+    if preload is None:
+        pytest.skip("the compiler has no AddressSanitizer runtime")
+    (tmp_path / "bad.c").write_text("#include <stdlib.h>\n"
+                                    "int overflow(int n) { int *a = malloc(4 * n); a[n] = 1; int r = a[0]; free(a);"
+                                    " return r; }\n")
+    code = ("from vitmix.ops._cbuild import CKernel; import sys;"
+            f"lib = CKernel('bad_kernel', 'bad.c', (), folder={str(tmp_path)!r}).load();"
+            "assert lib is not None; lib.overflow(3); print('no report')")
+    env = dict(os.environ, VITMIX_CACHE_DIR=str(tmp_path / "cache"), VITMIX_C_SANITIZE="1", LD_PRELOAD=preload,
+               ASAN_OPTIONS="detect_leaks=0")
+    env.pop("VITMIX_DISABLE_C_KERNEL", None)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "heap-buffer-overflow" in res.stderr, res.stdout + res.stderr[-2000:]
+    res = subprocess.run([sys.executable, "-c", code], env=dict(env, VITMIX_C_SANITIZE="0", LD_PRELOAD=""),
+                         capture_output=True, text=True, timeout=300)
+    assert "heap-buffer-overflow" not in res.stderr          # the ordinary build: no instrumentation

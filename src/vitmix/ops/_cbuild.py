@@ -1,8 +1,11 @@
-"""Small C kernels compiled on first use with the system C compiler and loaded with ctypes (private).
+"""Small C libraries compiled on first use with the system C compiler and loaded with ctypes (private).
 
-The sources are plain C99 with OpenMP (no torch headers), so a build takes about a second, and the
-library is cached under ``VITMIX_CACHE_DIR`` (default ``~/.cache/vitmix``) keyed by the source, the
-flags, the compiler and the CPU: later processes load it without compiling.
+The sources are the C files of ``vitmix/ops/csrc`` (package data: one ``.c`` per library, shared
+headers; plain C99 with OpenMP, no torch headers), so a build takes about a second, and the
+library is cached under ``VITMIX_CACHE_DIR`` (default ``~/.cache/vitmix``) keyed by the library's
+source and every header it includes, the flags, the compiler and the CPU: later processes load it
+without compiling. Each library declares its exported functions in one table of C prototypes (the
+same text as its header's, which a test checks); the ctypes ``argtypes`` are generated from it.
 
 A cached library runs inside the process, so it is loaded only when it can be trusted: its folder
 and the file belong to the current user and are writable by nobody else, and the file's bytes
@@ -14,7 +17,9 @@ then the record: each rename is atomic and the record names a complete library, 
 build at the same time (torchrun, pytest-xdist) are safe.
 
 ``VITMIX_DISABLE_C_KERNEL=1`` turns every C kernel off (the PyTorch paths are used); a missing or
-failing compiler gives one ``RuntimeWarning`` and the same fallback.
+failing compiler gives one ``RuntimeWarning`` and the same fallback. ``VITMIX_C_SANITIZE=1`` builds
+with AddressSanitizer and UndefinedBehaviorSanitizer (a separate cache entry; CI runs the C op
+tests so once, with the ASan runtime preloaded into Python).
 """
 from __future__ import annotations
 
@@ -29,10 +34,18 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 CFLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
           "-fassociative-math", "-D_POSIX_C_SOURCE=200809L"]
+#: added with ``VITMIX_C_SANITIZE=1`` (the CI's sanitizer run of the C op tests)
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+#: the folder of the C sources (package data)
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+#: the dtypes every library is instantiated for: (name suffix, C type of ``TYPE``, ctypes of ``TYPE``)
+DTYPES = (("f32", "float", ctypes.c_float), ("f64", "double", ctypes.c_double))
+_CTYPES = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "double": ctypes.c_double, "float": ctypes.c_float,
+           "void": None}
 
 #: ``os.lstat``, looked up at call time so that tests can fake another owner
 _lstat = os.lstat
@@ -51,6 +64,51 @@ def cpu_tag() -> str:
     except OSError:
         pass
     return tag
+
+
+def build_flags() -> List[str]:
+    return CFLAGS + (SANITIZE_FLAGS if os.environ.get("VITMIX_C_SANITIZE", "") not in ("", "0") else [])
+
+
+def includes(source: str, folder: str = CSRC) -> List[str]:
+    """``source`` and every file it includes from ``folder`` (``#include "..."``), transitively, in order."""
+    seen: List[str] = []
+
+    def visit(name: str) -> None:
+        if name not in seen:
+            seen.append(name)
+            with open(os.path.join(folder, name)) as fh:
+                for found in re.findall(r'^\s*#\s*include\s+"([^"]+)"', fh.read(), re.M):
+                    visit(found)
+    visit(source)
+    return seen
+
+
+def split_prototype(prototype: str) -> Tuple[str, str, List[str]]:
+    """``"void f(const TYPE *x, int n)"`` -> ``("void", "f", ["const TYPE *", "int"])`` (parameter names dropped)."""
+    head, params = prototype.split("(", 1)
+    ret, name = re.fullmatch(r"\s*(.*?)\s*\b(\w+)\s*", head).groups()
+    types = [re.sub(r"\s*\b\w+$", "", p.strip()) for p in params.rsplit(")", 1)[0].split(",") if p.strip() != "void"]
+    return ret, name, types
+
+
+def ctype_of(c_type: str, real):
+    """The ctypes type of a C parameter or return type: pointers are ``c_void_p``; ``TYPE`` is ``real``."""
+    if "*" in c_type:
+        return ctypes.c_void_p
+    base = c_type.replace("const", "").strip()
+    return real if base == "TYPE" else _CTYPES[base]
+
+
+def bind(lib: ctypes.CDLL, prototypes) -> None:
+    """Set ``argtypes``/``restype`` of each function of ``prototypes`` (C prototypes in ``TYPE``, names without
+    the dtype suffix) for every dtype: ``vitmix_ns`` becomes ``vitmix_ns_f32`` and ``vitmix_ns_f64``."""
+    for prototype in prototypes:
+        ret, name, params = split_prototype(prototype)
+        for sfx, _, real in DTYPES:
+            fn = getattr(lib, f"{name}_{sfx}")
+            fn.argtypes = [ctype_of(p, real) for p in params]
+            fn.restype = ctype_of(ret, real)
 
 
 def cache_dir() -> str:
@@ -83,21 +141,19 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def compile_shared(source: str, cc: str) -> Tuple[Optional[bytes], str]:
-    """Compile ``source`` into a shared library in a private temporary folder.
+def compile_shared(source: str, cc: str, folder: str = CSRC) -> Tuple[Optional[bytes], str]:
+    """Compile the C file ``source`` of ``folder`` into a shared library in a private temporary folder.
 
     Returns ``(the library's bytes, "")`` on success, else ``(None, the compiler's error)``.
     """
     error = ""
     with tempfile.TemporaryDirectory() as tmp:     # mkdtemp: mode 0700, a fresh name
-        src = os.path.join(tmp, "kernel.c")
-        with open(src, "w") as fh:
-            fh.write(source)
+        src = os.path.join(folder, source)
         out = os.path.join(tmp, "kernel.so")
         # OpenMP first: the library then shares PyTorch's libgomp (same soname, already loaded) and so
         # its thread pool; without OpenMP the kernel runs single-threaded or on its own pthreads.
         for arch in (["-fopenmp", "-march=native"], ["-march=native"], ["-fopenmp"], []):
-            cmd = [cc, *CFLAGS, *arch, src, "-o", out, "-lm", "-lpthread"]
+            cmd = [cc, *build_flags(), *arch, "-I", folder, src, "-o", out, "-lm", "-lpthread"]
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             except (OSError, subprocess.TimeoutExpired) as err:
@@ -136,15 +192,16 @@ class CKernel:
 
     Args:
         name: file-name stem and the name used in warnings (e.g. ``"l1_kernel"``).
-        source: a callable returning the C source (imported lazily).
-        declare: ``declare(lib)`` sets ``argtypes``/``restype`` of the exported functions.
+        source: its C file in :data:`CSRC` (e.g. ``"l1_kernel.c"``).
+        prototypes: the C prototypes of its exported functions, written in ``TYPE`` without the dtype
+            suffix (see :func:`bind`); the same as its header's (``tests/ops/test_csrc.py`` checks).
     """
 
     #: every C library of the package, in creation order (fault-injection tests reset them all)
     instances: List["CKernel"] = []
 
-    def __init__(self, name: str, source: Callable[[], str], declare: Callable[[ctypes.CDLL], None]):
-        self.name, self._source, self._declare = name, source, declare
+    def __init__(self, name: str, source: str, prototypes: Sequence[str], folder: str = CSRC):
+        self.name, self.source, self.prototypes, self.folder = name, source, tuple(prototypes), folder
         self._lock = threading.Lock()
         self.reset()
         CKernel.instances.append(self)
@@ -163,10 +220,21 @@ class CKernel:
             return self._lib
 
     def record_path(self, cc: str) -> str:
-        """The file recording the SHA-256 of the library built by ``cc`` (the key covers source, flags,
-        compiler, CPU); the library is ``<record stem>_<digest[:16]>.so`` beside it."""
-        key = hashlib.sha256("\0".join([self._source(), " ".join(CFLAGS), cc, cpu_tag()]).encode()).hexdigest()[:16]
-        return os.path.join(cache_dir(), f"{self.name}_{key}.sha256")
+        """The file recording the SHA-256 of the library built by ``cc`` (the key covers the C file and its
+        headers, the flags, the compiler, the CPU); the library is ``<record stem>_<digest[:16]>.so`` beside it."""
+        key = hashlib.sha256("\0".join([*self._sources(), " ".join(build_flags()), cc, cpu_tag()]).encode())
+        return os.path.join(cache_dir(), f"{self.name}_{key.hexdigest()[:16]}.sha256")
+
+    def _sources(self) -> List[str]:
+        """The text of the library's C file and of every header it includes (all part of the cache key)."""
+        texts = []
+        for name in includes(self.source, self.folder):
+            with open(os.path.join(self.folder, name)) as fh:
+                texts.append(f"{name}\n{fh.read()}")
+        return texts
+
+    def _declare(self, lib: ctypes.CDLL) -> None:
+        bind(lib, self.prototypes)
 
     def _warn(self, message: str) -> None:
         warnings.warn(f"vitmix: {message}", RuntimeWarning, stacklevel=5)
@@ -193,7 +261,7 @@ class CKernel:
             if lib is not None:
                 return lib
             self._warn(f"not loading the cached {self.name}: {refusal}; rebuilding it")
-        data, error = compile_shared(self._source(), cc)
+        data, error = compile_shared(self.source, cc, self.folder)
         if data is None:
             self._warn(f"could not compile the {self.name} with {cc}; using the PyTorch path. Compiler output: {error}")
             return None
@@ -232,4 +300,5 @@ class CKernel:
         return lib, ""
 
 
-__all__ = ["CKernel", "compile_shared", "cpu_tag", "find_compiler", "disabled", "CFLAGS", "cache_dir", "untrusted"]
+__all__ = ["CKernel", "compile_shared", "cpu_tag", "find_compiler", "disabled", "CFLAGS", "SANITIZE_FLAGS", "CSRC",
+           "DTYPES", "bind", "build_flags", "cache_dir", "includes", "split_prototype", "untrusted"]
