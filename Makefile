@@ -25,17 +25,20 @@ test: $(STAMP)
 
 # the C kernels' sources: every library compiles without a warning, with OpenMP and without (the build's fallback)
 CSRC := src/vitmix/ops/csrc
+FUSED_CSRC := src/vitmix/mixers/fused/csrc
 CWARN := -std=c99 -fsyntax-only -Wall -Wextra -Werror -Wno-unknown-pragmas -D_POSIX_C_SOURCE=200809L -march=native
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	for f in $(CSRC)/*.c; do $(CC) $(CWARN) -fopenmp $$f && $(CC) $(CWARN) $$f || exit 1; done
+	for f in $(CSRC)/*.c $(FUSED_CSRC)/*.c; do \
+	  $(CC) $(CWARN) -I$(CSRC) -fopenmp $$f && $(CC) $(CWARN) -I$(CSRC) $$f || exit 1; done
 
 # The C op tests once with every C library built under AddressSanitizer + UBSan (VITMIX_C_SANITIZE=1: its own
 # cache entry). Python is not instrumented, so the ASan runtime is preloaded, with libstdc++ after it (ASan's
 # __cxa_throw interceptor needs it at start; Triton's import throws). Leak checks are off: Python's own
 # allocations would be reported.
-C_OP_TESTS ?= tests/ops/test_cbuild.py tests/ops/newton tests/ops/kernel tests/ops/diagonal tests/ops/nystrom
+C_OP_TESTS ?= tests/ops/test_cbuild.py tests/ops/newton tests/ops/kernel tests/ops/diagonal tests/ops/nystrom \
+	tests/mixers/test_laplacian.py tests/mixers/test_soft.py
 
 test-c-sanitized: $(STAMP)
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libstdc++.so)" \

@@ -156,6 +156,14 @@ def test_cache_folder_of_another_owner_is_not_used(kernel, tmp_path, monkeypatch
     assert os.listdir(folder) == []
 
 
+def test_missing_c_sources_fall_back_with_one_warning(kernel, tmp_path):
+    """A broken install without the package data: one warning naming the file, no build, the PyTorch path."""
+    os.remove(tmp_path / "src" / "answer.c")
+    with pytest.warns(RuntimeWarning, match="cannot read the C sources of the answer_kernel .*answer.c"):
+        assert _fresh_load(kernel) is None
+    assert not (tmp_path / "cache").exists()
+
+
 def test_laplacian_runs_the_pytorch_path_with_an_unsafe_cache(monkeypatch, tmp_path):
     """The real fallback: a world-writable cache folder -> one warning, the eager path's numbers."""
     from vitmix.ops import laplacian_kernel, laplacian_kernel_reference

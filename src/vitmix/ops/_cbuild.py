@@ -70,17 +70,22 @@ def build_flags() -> List[str]:
     return CFLAGS + (SANITIZE_FLAGS if os.environ.get("VITMIX_C_SANITIZE", "") not in ("", "0") else [])
 
 
-def includes(source: str, folder: str = CSRC) -> List[str]:
-    """``source`` and every file it includes from ``folder`` (``#include "..."``), transitively, in order."""
+def includes(source: str, folder: str = CSRC, include_dirs: Sequence[str] = ()) -> List[str]:
+    """Paths of ``source`` (in ``folder``) and of every file it includes (``#include "..."``, searched in
+    ``folder`` then ``include_dirs``), transitively, in order."""
     seen: List[str] = []
 
-    def visit(name: str) -> None:
-        if name not in seen:
-            seen.append(name)
-            with open(os.path.join(folder, name)) as fh:
-                for found in re.findall(r'^\s*#\s*include\s+"([^"]+)"', fh.read(), re.M):
-                    visit(found)
-    visit(source)
+    def visit(path: str) -> None:
+        if path not in seen:
+            seen.append(path)
+            with open(path) as fh:
+                for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', fh.read(), re.M):
+                    found = [os.path.join(d, name) for d in (folder, *include_dirs)
+                             if os.path.isfile(os.path.join(d, name))]
+                    if not found:
+                        raise FileNotFoundError(f"{path} includes {name}, found in none of {[folder, *include_dirs]}")
+                    visit(found[0])
+    visit(os.path.join(folder, source))
     return seen
 
 
@@ -141,8 +146,10 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def compile_shared(source: str, cc: str, folder: str = CSRC) -> Tuple[Optional[bytes], str]:
-    """Compile the C file ``source`` of ``folder`` into a shared library in a private temporary folder.
+def compile_shared(source: str, cc: str, folder: str = CSRC,
+                   include_dirs: Sequence[str] = ()) -> Tuple[Optional[bytes], str]:
+    """Compile the C file ``source`` of ``folder`` (headers from ``folder``, then ``include_dirs``) into a
+    shared library in a private temporary folder.
 
     Returns ``(the library's bytes, "")`` on success, else ``(None, the compiler's error)``.
     """
@@ -153,7 +160,8 @@ def compile_shared(source: str, cc: str, folder: str = CSRC) -> Tuple[Optional[b
         # OpenMP first: the library then shares PyTorch's libgomp (same soname, already loaded) and so
         # its thread pool; without OpenMP the kernel runs single-threaded or on its own pthreads.
         for arch in (["-fopenmp", "-march=native"], ["-march=native"], ["-fopenmp"], []):
-            cmd = [cc, *build_flags(), *arch, "-I", folder, src, "-o", out, "-lm", "-lpthread"]
+            dirs = [flag for d in (folder, *include_dirs) for flag in ("-I", d)]
+            cmd = [cc, *build_flags(), *arch, *dirs, src, "-o", out, "-lm", "-lpthread"]
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             except (OSError, subprocess.TimeoutExpired) as err:
@@ -192,16 +200,19 @@ class CKernel:
 
     Args:
         name: file-name stem and the name used in warnings (e.g. ``"l1_kernel"``).
-        source: its C file in :data:`CSRC` (e.g. ``"l1_kernel.c"``).
+        source: its C file in ``folder`` (e.g. ``"l1_kernel.c"``).
         prototypes: the C prototypes of its exported functions, written in ``TYPE`` without the dtype
             suffix (see :func:`bind`); the same as its header's (``tests/ops/test_csrc.py`` checks).
+        folder: where ``source`` lives (default :data:`CSRC`); ``include_dirs``: more header folders.
     """
 
     #: every C library of the package, in creation order (fault-injection tests reset them all)
     instances: List["CKernel"] = []
 
-    def __init__(self, name: str, source: str, prototypes: Sequence[str], folder: str = CSRC):
-        self.name, self.source, self.prototypes, self.folder = name, source, tuple(prototypes), folder
+    def __init__(self, name: str, source: str, prototypes: Sequence[str], folder: str = CSRC,
+                 include_dirs: Sequence[str] = ()):
+        self.name, self.source, self.prototypes = name, source, tuple(prototypes)
+        self.folder, self.include_dirs = folder, tuple(include_dirs)
         self._lock = threading.Lock()
         self.reset()
         CKernel.instances.append(self)
@@ -228,9 +239,9 @@ class CKernel:
     def _sources(self) -> List[str]:
         """The text of the library's C file and of every header it includes (all part of the cache key)."""
         texts = []
-        for name in includes(self.source, self.folder):
-            with open(os.path.join(self.folder, name)) as fh:
-                texts.append(f"{name}\n{fh.read()}")
+        for path in includes(self.source, self.folder, self.include_dirs):
+            with open(path) as fh:
+                texts.append(f"{os.path.basename(path)}\n{fh.read()}")
         return texts
 
     def _declare(self, lib: ctypes.CDLL) -> None:
@@ -244,7 +255,11 @@ class CKernel:
         if cc is None:
             self._warn(f"no C compiler (cc/gcc/clang or CC=...) for the {self.name}; using the PyTorch path")
             return None
-        record = self.record_path(cc)
+        try:
+            record = self.record_path(cc)
+        except OSError as err:                  # a broken install without the package data
+            self._warn(f"cannot read the C sources of the {self.name} ({err}); using the PyTorch path")
+            return None
         folder = os.path.dirname(record)
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -261,7 +276,7 @@ class CKernel:
             if lib is not None:
                 return lib
             self._warn(f"not loading the cached {self.name}: {refusal}; rebuilding it")
-        data, error = compile_shared(self.source, cc, self.folder)
+        data, error = compile_shared(self.source, cc, self.folder, self.include_dirs)
         if data is None:
             self._warn(f"could not compile the {self.name} with {cc}; using the PyTorch path. Compiler output: {error}")
             return None

@@ -1,11 +1,8 @@
-/* Nystrom attention's fused forwards and LaplacianFormer's / SOFT's training backwards (one library).
- *
- * One work item per (batch, head) slice: the kernel matrices C_q = k(Q, L_k), C_k = k(K, L_q),
- * W = k(L_q, L_k), M = NS(W + eps I) (the Newton-Schulz start and loop of newton_typed.h), then the
- * normalised product, in cache-resident buffers (nystrom_forward_typed.h); the layers' whole token mixing
- * (qkv gather, landmark pooling or conv, the local conv, head merge) and its backward
- * (nystrom_backward_typed.h, which reuses the forward's static helpers). What each step computes is
- * documented in vitmix.ops.nystrom.c and the fused layers' Python modules.
+/* Nystrom attention's forward in one C call per batch of (batch, head) slices (inference; bound by
+ * vitmix.ops.nystrom.c). One work item per slice: the kernel matrices C_q = k(Q, L_k), C_k = k(K, L_q),
+ * W = k(L_q, L_k), M = NS(W + eps I) (the Newton-Schulz start and loop of newton_typed.h), then the normalised
+ * product, in cache-resident buffers (nystrom_core_typed.h). What each step computes is documented in
+ * vitmix.ops.nystrom.c.
  */
 #include "vitmix_simd.h"
 #include "vitmix_exp.h"
@@ -22,11 +19,11 @@
 
 #include "dtype_f32.h"
 #define EXPFN exp_nonpos_f32
-#include "nystrom_forward_typed.h"
-#include "nystrom_backward_typed.h"
+#include "nystrom_core_typed.h"
+#include "nystrom_typed.h"
 #include "dtype_end.h"
 
 #include "dtype_f64.h"
-#include "nystrom_forward_typed.h"
-#include "nystrom_backward_typed.h"
+#include "nystrom_core_typed.h"
+#include "nystrom_typed.h"
 #include "dtype_end.h"

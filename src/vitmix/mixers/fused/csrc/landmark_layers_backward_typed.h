@@ -1,5 +1,5 @@
-/* The training backwards of LaplacianFormer's and SOFT's token mixing for one dtype (see nystrom.c; uses the
- * static helpers of nystrom_forward_typed.h). */
+/* The training backwards of LaplacianFormer's and SOFT's token mixing for one dtype (see landmark_layers.c;
+ * uses the static helpers of nystrom_core_typed.h and landmark_layers_typed.h). */
 /* c (n, p) = a (n, k) b (p, k)^T: b transposed into bt (k x p scratch), then gemm (dot products of rows
  * would end in one horizontal sum per element) */
 static void SFX(mmt)(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p,
