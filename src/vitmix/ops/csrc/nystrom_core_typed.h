@@ -64,13 +64,15 @@ static void SFX(transpose_pad)(const TYPE *y, TYPE *yt, int64_t m, int64_t mp, i
 /* c[:, j0:j0+w] (row stride p, w <= FJB lanes stored) = A b[:, j0:j0+w] (b's block at row stride p) for rows
  * i..i+rows of A (A[i, l] = a[i * si + l * sl]), rows <= 4: four broadcast-FMA chains share each load of b,
  * and the sums over l run in blocks of SUM_BLOCK (see there). A partial block (w < FJB) loads a full vector
- * of each row of b, whose extra lanes belong to the next row and are never stored; only the last row, which
- * would read past the end of b, is copied into a zero-padded vector. */
+ * of each row of b, whose extra lanes belong to the next row and are never stored; only the rows whose load
+ * would read past the end of b (the last one, more when p < FJB) are copied into a zero-padded vector. */
 static void SFX(gemm_block)(const TYPE *a, int64_t si, int64_t sl, const TYPE *b, TYPE *c, int64_t p, int64_t i,
                            int64_t rows, int64_t k, int64_t w) {
     const TYPE *a0 = a + i * si, *a1 = a0 + (rows > 1) * si, *a2 = a0 + (rows > 2) * 2 * si;
     const TYPE *a3 = a0 + (rows > 3) * 3 * si;
-    const int64_t last = w < FJB ? k - 1 : k;      /* rows of b loaded as full vectors */
+    /* rows of b loaded as full vectors: those whose FJB lanes end inside b, which ends w lanes into row k - 1 */
+    const int64_t room = (k - 1) * p + w - FJB;     /* the last offset a full load may start at */
+    const int64_t last = room < 0 ? 0 : (room / p + 1 < k ? room / p + 1 : k);
     SFX(FVEC) acc[4] = {{0}}, bl;
     for (int64_t l0 = 0; l0 < k; l0 += SUM_BLOCK) {
         const int64_t l1 = k - l0 < SUM_BLOCK ? k : l0 + SUM_BLOCK;
