@@ -73,3 +73,6 @@ def test_the_wheel_ships_the_recipes_and_the_version(tmp_path):
     assert wheel.name.startswith(f"vitmix-{vitmix.__version__}-")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"vitmix/configs/{n}.yaml" for n in list_configs()} <= names
+    for package in ("ops", "mixers/fused"):         # the C sources, compiled on first use
+        csrc = ROOT / "src" / "vitmix" / package / "csrc"
+        assert {f"vitmix/{package}/csrc/{p.name}" for p in csrc.iterdir() if p.suffix in (".c", ".h")} <= names

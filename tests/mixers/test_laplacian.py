@@ -162,7 +162,7 @@ TRAIN_CASES = [  # (batch, prefix, H, W, dim, heads, options): odd grids, head d
 def test_training_in_one_c_call_each_way_matches_the_composed_path(c_calls, monkeypatch, dtype, batch, prefix, H, W,
                                                                     dim, heads, opts):
     """With gradients the layer's token mixing is one C call forward and one backward
-    (:mod:`vitmix.ops.nystrom.c_grad`); output and every gradient (input, qkv, conv, mean weight, proj) match
+    (:mod:`vitmix.mixers.fused.autograd`); output and every gradient (input, qkv, conv, mean weight, proj) match
     the composed path. float64: measured ≤ 2e-15 of each tensor's scale, bound 1e-11. float32: ≤ 1.2e-6,
     bound 2e-5 (sums in another order, amplified by the Newton–Schulz loop)."""
     torch.manual_seed(5)
@@ -174,7 +174,7 @@ def test_training_in_one_c_call_each_way_matches_the_composed_path(c_calls, monk
 def test_training_c_function_passes_gradcheck():
     """float64 gradcheck of the C forward/backward pair against finite differences. The backward is the
     implicit inverse derivative, exact where Newton–Schulz has converged: 60 steps here."""
-    from vitmix.ops.nystrom.c_grad import laplacian_mix_train
+    from vitmix.mixers.fused.autograd import laplacian_mix_train
 
     torch.manual_seed(0)
     b, prefix, h, w, heads, d = 2, 1, 4, 3, 2, 3

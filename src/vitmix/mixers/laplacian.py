@@ -414,35 +414,17 @@ class LaplacianAttention(LandmarkMixer):
                              inverse=self.inverse, start=self.newton_alpha)
 
     def _fused(self, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
-        """The token mixing before ``proj`` as one C call (:func:`vitmix.ops.nystrom.c.laplacian_mix`), with a C
-        backward (:func:`vitmix.ops.nystrom.c_grad.laplacian_mix_train`) when autograd records, on CPU in
-        float32/float64 and in the configurations it covers (the defaults and the official preset: injective
+        """The token mixing before ``proj`` as one C call, with a C backward when autograd records
+        (:mod:`vitmix.mixers.fused.laplacian`), on CPU in float32/float64 and in the configurations its
+        ``supports`` rule covers (the defaults and the official preset: injective
         map with a fixed contrast scale, adaptive or tiling landmark windows, per-channel conv, no RoPE/q-k
         norm); ``None`` otherwise (the composed path, :meth:`_composed`, runs). At batch 1 and at small
         widths the composed path's ~50 small ops per layer forward (and ~60 backward) cost more than their
         arithmetic; at large N the two take the same time (docs/soft-laplacianformer.md, "Inference and
         training in one C call")."""
-        if (not self._eager_cpu(x) or is_sequence(grid) or not self.normalize or self.norm_scale == "learnt"
-                or self.log_tau is not None or self.rope or self.qk_normed
-                or self.inverse != "newton"
-                or self.newton_alpha == "safe" or (self.conv_kernel and self.conv_groups != "channel")
-                or self._floors_a_remainder(*grid[1:])):
-            return None
-        from ..ops.nystrom import c, c_grad
+        from .fused import laplacian as fused
 
-        n, (_, h, w) = x.shape[1], grid
-        mh, mw = self.landmark_count(h, w)
-        if mh * mw > c.MAX_LANDMARKS:
-            return None
-        train = self._needs_grad(x)
-        conv = self.conv if self.conv_kernel else None
-        mix = c_grad.laplacian_mix_train if train else c.laplacian_mix
-        mean_weight = self.mean_weight if train or self.mean_weight is None else self.mean_weight.detach()
-        return mix(
-            self.qkv(x), None if conv is None else conv.weight, None if conv is None else conv.bias, grid=grid,
-            heads=self.num_heads, landmarks=(mh, mw), lam=self.lam / self.qk_scale,
-            eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, norm_eps=self.norm_eps,
-            contrast=self._contrast(n), mean_weight=mean_weight)
+        return fused.mix(self, x, grid) if fused.supports(self, x, grid) else None
 
     def mix(self, x, grid, attn_mask=None, is_causal=False, mask=None):
         if mask is not None:

@@ -316,34 +316,15 @@ class SoftAttention(LandmarkMixer):
                                     inverse=self.inverse)
 
     def _fused(self, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
-        """The token mixing before ``ff`` as one C call (:func:`vitmix.ops.nystrom.c.soft_mix`), with a C backward
-        (:func:`vitmix.ops.nystrom.c_grad.soft_mix_train`) when autograd records, on CPU in float32/float64, with the
+        """The token mixing before ``ff`` as one C call, with a C backward when autograd records
+        (:mod:`vitmix.mixers.fused.soft`), on CPU in float32/float64 where its ``supports`` rule holds: the
         Newton–Schulz inverse (not the legacy one) and the official landmark module (strided conv, LayerNorm,
         exact GELU) or average pooling; ``None`` otherwise (the composed path, :meth:`_composed`, runs). At small
         widths the composed path's small ops (two mkldnn convs per layer among them, forward and backward) cost
         more than their arithmetic."""
-        if self.inverse != "newton" or not self._eager_cpu(x) or is_sequence(grid):
-            return None
-        conv_lm = self.landmarks == "conv"
-        if conv_lm:     # the official module: LayerNorm with affine, exact GELU (replaced modules: composed)
-            norm, act = self.Qnorm_act
-            if not (isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None
-                    and isinstance(act, nn.GELU) and act.approximate == "none"):
-                return None
-        from ..ops.nystrom import c, c_grad
+        from .fused import soft as fused
 
-        prefix, h, w = grid
-        mh, mw = self.landmark_count(h, w)
-        s = self.landmark_stride
-        if mh * mw > c.MAX_LANDMARKS:
-            return None
-        mix = c_grad.soft_mix_train if self._needs_grad(x) else c.soft_mix
-        return mix(
-            self.W_q(x), self.W_v(x), self.Qlandmark_op.weight if conv_lm else None,
-            (norm.weight, norm.bias, norm.eps) if conv_lm else None, self.conv.weight if self.conv_kernel else None,
-            grid=grid, heads=self.num_heads, landmarks=(mh, mw), stride=s,
-            pool_first=self.landmark_hw is not None and (mh * s, mw * s) != (h, w), scale=self.scale,
-            eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, normalization=self.normalization)
+        return fused.mix(self, x, grid) if fused.supports(self, x, grid) else None
 
     def mix(self, x, grid, attn_mask=None, is_causal=False, mask=None):
         if mask is not None:
