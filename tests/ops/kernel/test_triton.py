@@ -49,7 +49,8 @@ def _pair(lead, n, m, d, dtype, seed=0):
     x = 0.1 * torch.randn(*lead, n, d, generator=g)
     y = 0.1 * torch.randn(*lead, m, d, generator=g)
     y[..., 0, :] = x[..., 0, :]
-    y[..., 1, 0] = x[..., 1, 0]
+    if m > 1:
+        y[..., 1, 0] = x[..., 1, 0]
     return (x.to(dtype=dtype, device=DEVICE).requires_grad_(), y.to(dtype=dtype, device=DEVICE).requires_grad_())
 
 
@@ -95,10 +96,33 @@ def test_kernels_match_the_reference_bf16(calls, kind, lead, n, m, d):
 
 @pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
 def test_several_tiles_and_split_partner_sums(monkeypatch, calls, kind):
-    # N = 70 and M = 37 span several 32-wide tiles; 32-row chunks split both gradient sums
+    # N = 70 spans two 64-row tiles; 32-row chunks split both gradient sums
     monkeypatch.setattr(kernel_triton, "_SPLIT_ROWS", 32)
     x, y = _pair((1,), 70, 37, 5, torch.float32)
     _compare(kind, x, y, F32_OUT, F32_GRAD)
+
+
+@pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("n,m,d", [(19, 1, 7), (60, 49, 33), (130, 128, 5), (9, 3, 130)])
+def test_tiles_fitted_to_m_and_d(monkeypatch, calls, kind, n, m, d):
+    # m = 1 and 49 fill one landmark tile, m = 128 two of 64; d = 130 spans two gradient channel tiles
+    monkeypatch.setattr(kernel_triton, "_SPLIT_ROWS", 32)
+    x, y = _pair((2,), n, m, d, torch.float32)
+    _compare(kind, x, y, F32_OUT, F32_GRAD)
+
+
+def test_block_sizes_follow_m_and_d():
+    # m = 49 landmarks: one 64-wide tile (x read once), not two 32-wide ones; a program's accumulator
+    # stays at 4096 float32 values
+    assert kernel_triton._forward_blocks(16384, 49) == dict(BLOCK_N=64, BLOCK_M=64)
+    assert kernel_triton._forward_blocks(16384, 7) == dict(BLOCK_N=256, BLOCK_M=16)
+    assert kernel_triton._forward_blocks(10, 128) == dict(BLOCK_N=16, BLOCK_M=64)
+    # a gradient program covers the whole head dim up to 128 channels: g and out are read once per side
+    for d in (1, 33, 64, 128):
+        assert kernel_triton._grad_blocks(16384, d)["BLOCK_D"] >= d
+    assert kernel_triton._grad_blocks(16384, 64) == dict(BLOCK_A=64, BLOCK_D=64)
+    assert kernel_triton._grad_blocks(49, 64) == dict(BLOCK_A=64, BLOCK_D=64)
+    assert kernel_triton._grad_blocks(16384, 256) == dict(BLOCK_A=32, BLOCK_D=128)
 
 
 @pytest.mark.parametrize("kind", ["laplacian", "gaussian"])

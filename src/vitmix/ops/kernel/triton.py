@@ -5,19 +5,26 @@ For ``x: (..., N, d)`` and ``y: (..., M, d)`` with equal (possibly broadcast, an
 * forward: ``out[i, j] = exp(scale · Σ_c f(x_ic − y_jc))`` with ``f(t) = |t|``, ``scale = −1/λ``
   (Laplacian) or ``f(t) = t²``, ``scale = −1/2`` (Gaussian; the exact difference, no GEMM expansion,
   so nothing can round below 0). One program per ``(batch·head, N-tile, M-tile)`` keeps a
-  ``BLOCK_N×BLOCK_M`` accumulator and loops over ``d`` in ``BLOCK_D`` chunks: no ``N×M×d`` tensor.
+  ``BLOCK_N×BLOCK_M`` accumulator and adds one channel at a time as a 2-D outer difference of a token
+  column and a landmark column: every sum stays inside a thread (no cross-lane reduction) and no
+  ``N×M×d`` tensor exists. ``BLOCK_M`` is fitted to ``M`` (the next power of two >= 16, at most 64:
+  m = 49 is one tile) and ``BLOCK_N`` fills a tile of :data:`_TILE` values.
 * backward: with ``c_ij = coef · g_ij · out_ij`` (``coef = −1/λ`` resp. ``−1``) and the odd function
   ``h(t) = sign(t)`` (``sign(0) = 0``) resp. ``h(t) = t``:
   ``grad_x_i = Σ_j c_ij h(x_i − y_j)`` and, because ``h`` is odd, ``grad_y_j = Σ_i c_ij h(y_j − x_i)``:
-  the same kernel with the roles of ``x`` and ``y`` swapped and ``g``/``out`` read transposed. The sum
+  the same kernel with the roles of ``x`` and ``y`` swapped and ``g``/``out`` read transposed. A program
+  holds a ``BLOCK_A×BLOCK_D`` tile of its side's gradient covering the whole head dim (up to 128
+  channels) and walks its partners one at a time, adding the outer product of the partner's
+  ``c`` column and ``h(a − b)``: ``g`` and ``out`` are read once per side, and on the landmark side
+  (``a`` = landmarks) each partner's ``c`` values are one contiguous row of ``g``/``out``. The sum
   over the partner axis is split into chunks of ``_SPLIT_ROWS`` (enough programs to fill a GPU when
   the partner is the long token axis); the per-chunk partial sums are added by PyTorch, so there are
   no atomics and the result is deterministic.
 
 Everything is computed in float32 whatever the input dtype (float32, float16 or bfloat16 are loaded
-and converted in registers); the output is float32, the gradients have the dtype of their input.
-``triton`` is imported on first use only (:func:`_forward_kernel`, :func:`_grad_kernel`), so this
-module imports without it.
+and converted in registers, never copied); the output is float32, the gradients have the dtype of
+their input. ``triton`` is imported on first use only (:func:`_forward_kernel`, :func:`_grad_kernel`),
+so this module imports without it.
 """
 from __future__ import annotations
 
@@ -28,9 +35,27 @@ import torch
 from torch.autograd.function import once_differentiable
 
 #: partner-axis chunk of one backward program (the partial sums of the chunks are added by PyTorch)
-_SPLIT_ROWS = 1024
-_FWD_BLOCKS = dict(BLOCK_N=32, BLOCK_M=32, BLOCK_D=8)
-_BWD_BLOCKS = dict(BLOCK_A=32, BLOCK_B=32, BLOCK_D=8)
+_SPLIT_ROWS = 512
+#: float32 values of one program's accumulator tile (32 per thread over 4 warps)
+_TILE = 4096
+_NUM_WARPS = 4
+
+
+def _pow2(n: int, low: int = 16, high: int = 1 << 30) -> int:
+    """The next power of two >= ``n``, clamped to ``[low, high]``."""
+    return min(high, max(low, 1 << (max(n, 1) - 1).bit_length()))
+
+
+def _forward_blocks(N: int, M: int) -> dict:
+    """``BLOCK_M`` fitted to ``M`` (one tile up to 64 landmarks), ``BLOCK_N`` filling :data:`_TILE`."""
+    block_m = _pow2(M, high=64)
+    return dict(BLOCK_N=_pow2(N, high=max(16, _TILE // block_m)), BLOCK_M=block_m)
+
+
+def _grad_blocks(NA: int, D: int) -> dict:
+    """``BLOCK_D`` covering the head dim (at most 128 channels per program), ``BLOCK_A`` filling :data:`_TILE`."""
+    block_d = _pow2(D, high=128)
+    return dict(BLOCK_A=_pow2(NA, high=max(16, _TILE // block_d)), BLOCK_D=block_d)
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,26 +66,25 @@ def _forward_kernel():
 
     @triton.jit
     def pair_forward(x_ptr, y_ptr, out_ptr, H, N, M, D, sxb, sxh, sxn, sxd, syb, syh, sym, syd, scale,
-                     L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                     L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
         tiles_n, tiles_m = tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M)
         pid = tl.program_id(0)
         bh, tile = pid // (tiles_n * tiles_m), pid % (tiles_n * tiles_m)
         b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
         rows = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = (tile % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
-        x_rows = x_ptr + b * sxb + h * sxh + rows[:, None].to(tl.int64) * sxn
-        y_rows = y_ptr + b * syb + h * syh + cols[:, None].to(tl.int64) * sym
+        x_col = x_ptr + b * sxb + h * sxh + rows.to(tl.int64) * sxn
+        y_col = y_ptr + b * syb + h * syh + cols.to(tl.int64) * sym
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            ch = d0 + tl.arange(0, BLOCK_D)
-            # masked rows/channels load 0 on both sides: a zero difference adds nothing
-            xt = tl.load(x_rows + ch[None, :] * sxd, mask=(rows[:, None] < N) & (ch[None, :] < D), other=0.0)
-            yt = tl.load(y_rows + ch[None, :] * syd, mask=(cols[:, None] < M) & (ch[None, :] < D), other=0.0)
-            diff = xt.to(tl.float32)[:, None, :] - yt.to(tl.float32)[None, :, :]
+        for c in range(0, D):
+            # masked rows/columns load 0: their results are never stored
+            xc = tl.load(x_col + c * sxd, mask=rows < N, other=0.0).to(tl.float32)
+            yc = tl.load(y_col + c * syd, mask=cols < M, other=0.0).to(tl.float32)
+            diff = xc[:, None] - yc[None, :]
             if L1:
-                acc += tl.sum(tl.abs(diff), axis=2)
+                acc += tl.abs(diff)
             else:
-                acc += tl.sum(diff * diff, axis=2)
+                acc += diff * diff
         out_rows = out_ptr + bh.to(tl.int64) * N * M + rows[:, None].to(tl.int64) * M
         tl.store(out_rows + cols[None, :], tl.exp(acc * scale), mask=(rows[:, None] < N) & (cols[None, :] < M))
 
@@ -76,7 +100,7 @@ def _grad_kernel():
     @triton.jit
     def pair_grad(a_ptr, b_ptr, g_ptr, o_ptr, part_ptr, H, NA, NB, D, SPLITS, CHUNK,
                   sab, sah, san, sad, sbb, sbh, sbn, sbd, sgb, sgh, sga, sgo, sob, soh, soa, soo, coef,
-                  L1: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
+                  L1: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
         tiles_a, tiles_d = tl.cdiv(NA, BLOCK_A), tl.cdiv(D, BLOCK_D)
         pid = tl.program_id(0)
         per_bh = SPLITS * tiles_a * tiles_d
@@ -89,23 +113,20 @@ def _grad_kernel():
         a_mask = (rows[:, None] < NA) & (ch[None, :] < D)
         at = tl.load(a_ptr + b * sab + h * sah + rows64[:, None] * san + ch[None, :] * sad, mask=a_mask,
                      other=0.0).to(tl.float32)
-        b_base = b_ptr + b * sbb + h * sbh
-        g_rows = g_ptr + b * sgb + h * sgh + rows64[:, None] * sga
-        o_rows = o_ptr + b * sob + h * soh + rows64[:, None] * soa
+        b_row = b_ptr + b * sbb + h * sbh + ch * sbd
+        g_col = g_ptr + b * sgb + h * sgh + rows64 * sga
+        o_col = o_ptr + b * sob + h * soh + rows64 * soa
         acc = tl.zeros((BLOCK_A, BLOCK_D), dtype=tl.float32)
         start = split * CHUNK
-        for j0 in range(start, tl.minimum(start + CHUNK, NB), BLOCK_B):
-            cols = j0 + tl.arange(0, BLOCK_B)
-            cols64 = cols.to(tl.int64)
-            bt = tl.load(b_base + cols64[:, None] * sbn + ch[None, :] * sbd,
-                         mask=(cols[:, None] < NB) & (ch[None, :] < D), other=0.0).to(tl.float32)
-            pair_mask = (rows[:, None] < NA) & (cols[None, :] < NB)
-            w = (tl.load(g_rows + cols64[None, :] * sgo, mask=pair_mask, other=0.0).to(tl.float32)
-                 * tl.load(o_rows + cols64[None, :] * soo, mask=pair_mask, other=0.0).to(tl.float32))
-            diff = at[:, None, :] - bt[None, :, :]
+        for j in range(start, tl.minimum(start + CHUNK, NB)):
+            # one partner: its channels, and its column of c over this tile's rows (masked rows add 0)
+            bj = tl.load(b_row + j * sbn, mask=ch < D, other=0.0).to(tl.float32)
+            w = (tl.load(g_col + j * sgo, mask=rows < NA, other=0.0).to(tl.float32)
+                 * tl.load(o_col + j * soo, mask=rows < NA, other=0.0).to(tl.float32))
+            diff = at - bj[None, :]
             if L1:
                 diff = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))     # sign(0) = 0
-            acc += tl.sum(w[:, :, None] * diff, axis=1)
+            acc += w[:, None] * diff
         part = part_ptr + ((bh.to(tl.int64) * SPLITS + split) * NA + rows64[:, None]) * D + ch[None, :]
         tl.store(part, acc * coef, mask=a_mask)
 
@@ -135,9 +156,10 @@ def pair_forward(x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float) -> to
     M = y4.shape[2]
     out = torch.empty(B, H, N, M, dtype=torch.float32, device=x.device)
     if out.numel():
-        bl = _FWD_BLOCKS
+        bl = _forward_blocks(N, M)
         grid = (B * H * -(-N // bl["BLOCK_N"]) * -(-M // bl["BLOCK_M"]),)
-        _forward_kernel()[grid](x4, y4, out, H, N, M, D, *_strides(x4), *_strides(y4), float(scale), L1=l1, **bl)
+        _forward_kernel()[grid](x4, y4, out, H, N, M, D, *_strides(x4), *_strides(y4), float(scale), L1=l1,
+                                num_warps=_NUM_WARPS, **bl)
     return out.view(*x.shape[:-1], M)
 
 
@@ -149,14 +171,15 @@ def _grad_one_side(a4, b4, g4, o4, l1: bool, coef: float, transposed: bool) -> t
     sg, so = _strides(g4), _strides(o4)
     if transposed:
         sg, so = (sg[0], sg[1], sg[3], sg[2]), (so[0], so[1], so[3], so[2])
-    bl = _BWD_BLOCKS
-    chunk = max(bl["BLOCK_B"], -(-_SPLIT_ROWS // bl["BLOCK_B"]) * bl["BLOCK_B"])
+    bl = _grad_blocks(NA, D)
+    chunk = max(1, _SPLIT_ROWS)
     splits = max(1, -(-NB // chunk))
-    part = torch.empty(B, H, splits, NA, D, dtype=torch.float32, device=a4.device)
+    # one chunk: the kernel writes the gradient in its final dtype (no float32 buffer to convert)
+    part = torch.empty(B, H, splits, NA, D, dtype=a4.dtype if splits == 1 else torch.float32, device=a4.device)
     if part.numel():
         grid = (B * H * splits * -(-NA // bl["BLOCK_A"]) * -(-D // bl["BLOCK_D"]),)
         _grad_kernel()[grid](a4, b4, g4, o4, part, H, NA, NB, D, splits, chunk, *_strides(a4), *_strides(b4),
-                            *sg, *so, float(coef), L1=l1, **bl)
+                            *sg, *so, float(coef), L1=l1, num_warps=_NUM_WARPS, **bl)
     return part.sum(2) if splits > 1 else part[:, :, 0]
 
 
