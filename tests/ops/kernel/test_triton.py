@@ -304,3 +304,33 @@ def test_laplacian_op_never_waits_for_the_device(monkeypatch, calls, no_host_rea
     torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
     for a, b in zip(got[1], want[1]):
         torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.float().abs().max()))
+
+
+# ------------------------------------------------------------------------------- half inputs in place
+@pytest.mark.parametrize("kernel,tied", [("laplacian", False), ("gaussian", True)])
+def test_nystrom_reads_bf16_inputs_in_place(monkeypatch, kernel, tied):
+    """``nystrom_attention`` hands bf16 q, k and landmarks to the Triton kernels as they are (the same
+    storage, no float32 copy), and matches the float32 op on the same values."""
+    from vitmix.ops import nystrom_attention
+
+    seen = []
+    real = kernel_triton.pair_forward
+
+    def spy(x, y, *args):
+        seen.append((x.dtype, y.dtype, x.data_ptr(), y.data_ptr()))
+        return real(x, y, *args)
+    monkeypatch.setattr(kernel_triton, "pair_forward", spy)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (0.3 * torch.randn(2, 2, 21, 16, generator=g).to(DEVICE, torch.bfloat16) for _ in range(3))
+    k = q if tied else k
+    lq = q[..., :7, :].clone()
+    lk = lq if tied else k[..., 7:14, :].clone()
+    args = dict(kernel=kernel, normalization="injective" if kernel == "laplacian" else None, backend="triton")
+    out = nystrom_attention(q, k, v, lq, lk, **args)
+    ptrs = {q.data_ptr(), k.data_ptr(), lq.data_ptr(), lk.data_ptr()}
+    assert len(seen) == (2 if tied else 3)
+    assert all(dx == dy == torch.bfloat16 and px in ptrs and py in ptrs for dx, dy, px, py in seen), seen
+    assert out.dtype == torch.bfloat16
+    kf = q.float() if tied else k.float()
+    want = nystrom_attention(q.float(), kf, v.float(), lq.float(), lq.float() if tied else lk.float(), **args)
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
