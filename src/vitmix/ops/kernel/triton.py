@@ -116,16 +116,20 @@ def _grad_kernel():
         a_mask = (rows[:, None] < NA) & (ch[None, :] < D)
         at = tl.load(a_ptr + b * sab + h * sah + rows64[:, None] * san + ch[None, :] * sad, mask=a_mask,
                      other=0.0).to(tl.float32)
-        b_row = b_ptr + b * sbb + h * sbh + ch * sbd
-        g_col = g_ptr + b * sgb + h * sgh + rows64 * sga
-        o_col = o_ptr + b * sob + h * soh + rows64 * soa
-        acc = tl.zeros((BLOCK_A, BLOCK_D), dtype=tl.float32)
         start = split * CHUNK
-        for j in range(start, tl.minimum(start + CHUNK, NB)):
+        first = start.to(tl.int64)      # the chunk's first partner (64-bit offsets: long token axes)
+        b_row = b_ptr + b * sbb + h * sbh + ch * sbd + first * sbn
+        g_col = g_ptr + b * sgb + h * sgh + rows64 * sga + first * sgo
+        o_col = o_ptr + b * sob + h * soh + rows64 * soa + first * soo
+        acc = tl.zeros((BLOCK_A, BLOCK_D), dtype=tl.float32)
+        for _ in range(start, tl.minimum(start + CHUNK, NB)):
             # one partner: its channels, and its column of c over this tile's rows (masked rows add 0)
-            bj = tl.load(b_row + j * sbn, mask=ch < D, other=0.0).to(tl.float32)
-            w = (tl.load(g_col + j * sgo, mask=rows < NA, other=0.0).to(tl.float32)
-                 * tl.load(o_col + j * soo, mask=rows < NA, other=0.0).to(tl.float32))
+            bj = tl.load(b_row, mask=ch < D, other=0.0).to(tl.float32)
+            w = (tl.load(g_col, mask=rows < NA, other=0.0).to(tl.float32)
+                 * tl.load(o_col, mask=rows < NA, other=0.0).to(tl.float32))
+            b_row += sbn
+            g_col += sgo
+            o_col += soo
             diff = at - bj[None, :]
             if L1:
                 diff = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))     # sign(0) = 0
