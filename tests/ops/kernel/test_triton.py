@@ -334,3 +334,21 @@ def test_nystrom_reads_bf16_inputs_in_place(monkeypatch, kernel, tied):
     kf = q.float() if tied else k.float()
     want = nystrom_attention(q.float(), kf, v.float(), lq.float(), lq.float() if tied else lk.float(), **args)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("name", ["laplacian", "soft", "soft_norm"])
+def test_mixers_never_wait_for_the_device_past_the_input_check(monkeypatch, calls, no_host_reads, name):
+    """The landmark mixers with ``backend="triton"``, forward and backward, read no tensor on the host
+    (GPU rule forced on CPU tensors) once their input NaN/Inf check, the one read they make on purpose,
+    is off."""
+    from vitmix.ops.newton import start
+
+    torch.manual_seed(0)
+    layer = mixers.create(name, 64, 2, num_landmarks=(3, 3), backend="triton").to(DEVICE)
+    layer.rejects_non_finite = False
+    x = torch.randn(1, 31, 64, device=DEVICE, requires_grad=True)
+    monkeypatch.setattr(start, "_sync_free", lambda t: True)
+    with no_host_reads():
+        layer(x, hw=(6, 5), num_prefix_tokens=1).square().sum().backward()
+    assert calls["forward"] >= 2 and calls["grads"] >= 1 and calls["newton"] >= 1
+    assert x.grad is not None and all(p.grad is not None for p in layer.parameters() if p.requires_grad)
