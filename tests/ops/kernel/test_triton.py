@@ -113,9 +113,9 @@ def test_tiles_fitted_to_m_and_d(monkeypatch, calls, kind, n, m, d):
 
 def test_block_sizes_follow_m_and_d():
     # m = 49 landmarks: one 64-wide tile (x read once), not two 32-wide ones; a program's accumulator
-    # stays at 4096 float32 values
-    assert kernel_triton._forward_blocks(16384, 49) == dict(BLOCK_N=64, BLOCK_M=64)
-    assert kernel_triton._forward_blocks(16384, 7) == dict(BLOCK_N=256, BLOCK_M=16)
+    # holds 16384 float32 values (128 per thread)
+    assert kernel_triton._forward_blocks(16384, 49) == dict(BLOCK_N=256, BLOCK_M=64)
+    assert kernel_triton._forward_blocks(16384, 7) == dict(BLOCK_N=1024, BLOCK_M=16)
     assert kernel_triton._forward_blocks(10, 128) == dict(BLOCK_N=16, BLOCK_M=64)
     # a gradient program covers the whole head dim up to 128 channels: g and out are read once per side
     for d in (1, 33, 64, 128):

@@ -4,11 +4,14 @@ For ``x: (..., N, d)`` and ``y: (..., M, d)`` with equal (possibly broadcast, an
 
 * forward: ``out[i, j] = exp(scale · Σ_c f(x_ic − y_jc))`` with ``f(t) = |t|``, ``scale = −1/λ``
   (Laplacian) or ``f(t) = t²``, ``scale = −1/2`` (Gaussian; the exact difference, no GEMM expansion,
-  so nothing can round below 0). One program per ``(batch·head, N-tile, M-tile)`` keeps a
-  ``BLOCK_N×BLOCK_M`` accumulator and adds one channel at a time as a 2-D outer difference of a token
-  column and a landmark column: every sum stays inside a thread (no cross-lane reduction) and no
-  ``N×M×d`` tensor exists. ``BLOCK_M`` is fitted to ``M`` (the next power of two >= 16, at most 64:
-  m = 49 is one tile) and ``BLOCK_N`` fills a tile of :data:`_TILE` values.
+  so nothing can round below 0). ``y`` (the landmark side, ``O(M·d)``) is first transposed to a
+  zero-padded float32 ``(d, M)`` copy, so that one channel of the landmarks is one contiguous vector.
+  One program per ``(batch·head, N-tile, M-tile)`` keeps a ``BLOCK_M×BLOCK_N`` accumulator
+  (landmarks × tokens) and adds one channel at a time as an outer difference: each thread holds all
+  landmarks of its tokens, so per channel it loads one value per token and the (broadcast) landmark
+  vector, and every sum stays inside the thread; no ``N×M×d`` tensor exists. ``BLOCK_M`` is fitted to
+  ``M`` (the next power of two >= 16, at most 64: m = 49 is one tile, so ``x`` is read once) and
+  ``BLOCK_N`` fills :data:`_FWD_TILE` values.
 * backward: with ``c_ij = coef · g_ij · out_ij`` (``coef = −1/λ`` resp. ``−1``) and the odd function
   ``h(t) = sign(t)`` (``sign(0) = 0``) resp. ``h(t) = t``:
   ``grad_x_i = Σ_j c_ij h(x_i − y_j)`` and, because ``h`` is odd, ``grad_y_j = Σ_i c_ij h(y_j − x_i)``:
@@ -36,8 +39,8 @@ from torch.autograd.function import once_differentiable
 
 #: partner-axis chunk of one backward program (the partial sums of the chunks are added by PyTorch)
 _SPLIT_ROWS = 512
-#: float32 values of one program's accumulator tile
-_TILE = 4096
+#: float32 values of one program's accumulator tile: forward (128 per thread) and gradients
+_FWD_TILE, _TILE = 16384, 4096
 #: warps of a forward program (32 accumulators per thread) and of a gradient program (16 per thread):
 #: ptxas for sm_90 reports no spills for either with 64×64 tiles (204 and 191 registers); the gradient
 #: spills on 4 warps
@@ -50,9 +53,9 @@ def _pow2(n: int, low: int = 16, high: int = 1 << 30) -> int:
 
 
 def _forward_blocks(N: int, M: int) -> dict:
-    """``BLOCK_M`` fitted to ``M`` (one tile up to 64 landmarks), ``BLOCK_N`` filling :data:`_TILE`."""
+    """``BLOCK_M`` fitted to ``M`` (one tile up to 64 landmarks), ``BLOCK_N`` filling :data:`_FWD_TILE`."""
     block_m = _pow2(M, high=64)
-    return dict(BLOCK_N=_pow2(N, high=max(16, _TILE // block_m)), BLOCK_M=block_m)
+    return dict(BLOCK_N=_pow2(N, high=max(16, _FWD_TILE // block_m)), BLOCK_M=block_m)
 
 
 def _grad_blocks(NA: int, D: int) -> dict:
@@ -68,28 +71,33 @@ def _forward_kernel():
     import triton.language as tl
 
     @triton.jit
-    def pair_forward(x_ptr, y_ptr, out_ptr, H, N, M, D, sxb, sxh, sxn, sxd, syb, syh, sym, syd, scale,
+    def pair_forward(x_ptr, yt_ptr, out_ptr, H, N, M, D, MPAD, sxb, sxh, sxn, sxd, scale,
                      L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+        # yt (B·H, D, MPAD): y transposed to float32 and zero-padded, so a channel's landmarks are
+        # one contiguous vector; the accumulator is landmarks × tokens
         tiles_n, tiles_m = tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M)
         pid = tl.program_id(0)
         bh, tile = pid // (tiles_n * tiles_m), pid % (tiles_n * tiles_m)
         b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
         rows = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = (tile % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m0 = (tile % tiles_m) * BLOCK_M
+        cols = m0 + tl.arange(0, BLOCK_M)
         x_col = x_ptr + b * sxb + h * sxh + rows.to(tl.int64) * sxn
-        y_col = y_ptr + b * syb + h * syh + cols.to(tl.int64) * sym
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for c in range(0, D):
-            # masked rows/columns load 0: their results are never stored
-            xc = tl.load(x_col + c * sxd, mask=rows < N, other=0.0).to(tl.float32)
-            yc = tl.load(y_col + c * syd, mask=cols < M, other=0.0).to(tl.float32)
-            diff = xc[:, None] - yc[None, :]
+        y_col = yt_ptr + bh.to(tl.int64) * D * MPAD + cols
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for _ in range(0, D):
+            # masked tokens load 0: their results are never stored
+            xc = tl.load(x_col, mask=rows < N, other=0.0).to(tl.float32)
+            yc = tl.load(y_col)
+            x_col += sxd
+            y_col += MPAD
+            diff = yc[:, None] - xc[None, :]
             if L1:
                 acc += tl.abs(diff)
             else:
                 acc += diff * diff
-        out_rows = out_ptr + bh.to(tl.int64) * N * M + rows[:, None].to(tl.int64) * M
-        tl.store(out_rows + cols[None, :], tl.exp(acc * scale), mask=(rows[:, None] < N) & (cols[None, :] < M))
+        out = out_ptr + bh.to(tl.int64) * N * M + rows[None, :].to(tl.int64) * M + cols[:, None]
+        tl.store(out, tl.exp(acc * scale), mask=(rows[None, :] < N) & (cols[:, None] < M))
 
     return pair_forward
 
@@ -164,8 +172,12 @@ def pair_forward(x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float) -> to
     out = torch.empty(B, H, N, M, dtype=torch.float32, device=x.device)
     if out.numel():
         bl = _forward_blocks(N, M)
-        grid = (B * H * -(-N // bl["BLOCK_N"]) * -(-M // bl["BLOCK_M"]),)
-        _forward_kernel()[grid](x4, y4, out, H, N, M, D, *_strides(x4), *_strides(y4), float(scale), L1=l1,
+        mpad = -(-M // bl["BLOCK_M"]) * bl["BLOCK_M"]
+        # the landmark side transposed to float32, zero-padded to whole tiles: O(M·d) per head
+        yt = torch.zeros(B, H, D, mpad, dtype=torch.float32, device=x.device)
+        yt[..., :M] = y4.transpose(-1, -2)
+        grid = (B * H * -(-N // bl["BLOCK_N"]) * (mpad // bl["BLOCK_M"]),)
+        _forward_kernel()[grid](x4, yt, out, H, N, M, D, mpad, *_strides(x4), float(scale), L1=l1,
                                 num_warps=_FWD_WARPS, **bl)
     return out.view(*x.shape[:-1], M)
 
