@@ -36,12 +36,15 @@ SCRIPT = textwrap.dedent('''
     grad = {"a_ptr": "*bf16", "b_ptr": "*bf16", "g_ptr": "*fp32", "o_ptr": "*fp32", "part_ptr": "*fp32",
             **ints("H NA NB D SPLITS CHUNK sab sah san sad sbb sbh sbn sbd sgb sgh sga sgo sob soh soa soo"),
             "coef": "fp32", "L1": "constexpr", "BLOCK_A": "constexpr", "BLOCK_D": "constexpr"}
+    token_grad = {"x_ptr": "*bf16", "yf_ptr": "*fp32", "g_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16",
+                  **ints("H N M D DPAD sxb sxh sxn sxd sgb sgh sgn sgm sob soh son som"), "coef": "fp32",
+                  "L1": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"}
     ns = {"p_ptr": "*fp32", "work_ptr": "*fp32", **ints("M ITERS"), "MP": "constexpr", "BR": "constexpr"}
     for m in (7, 49):
         compile_for_sm90(f"forward m={m}", kt._forward_kernel(), fwd, {"L1": True, **kt._forward_blocks(16384, m)},
                          kt._FWD_WARPS)
-    compile_for_sm90("token gradient d=64", kt._grad_kernel(), grad, {"L1": True, **kt._grad_blocks(16384, 64)},
-                     kt._GRAD_WARPS)
+    compile_for_sm90("token gradient d=64", kt._token_grad_kernel(), token_grad,
+                     {"L1": True, **kt._token_grad_blocks(16384, 64)}, kt._GRAD_WARPS)
     compile_for_sm90("landmark gradient m=49", kt._grad_kernel(), grad, {"L1": False, **kt._grad_blocks(49, 64)},
                      kt._GRAD_WARPS)
     for m in (49, 128):

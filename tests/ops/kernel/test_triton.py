@@ -117,12 +117,14 @@ def test_block_sizes_follow_m_and_d():
     assert kernel_triton._forward_blocks(16384, 49) == dict(BLOCK_N=256, BLOCK_M=64)
     assert kernel_triton._forward_blocks(16384, 7) == dict(BLOCK_N=1024, BLOCK_M=16)
     assert kernel_triton._forward_blocks(10, 128) == dict(BLOCK_N=16, BLOCK_M=64)
-    # a gradient program covers the whole head dim up to 128 channels: g and out are read once per side
+    # a landmark-gradient program covers the whole head dim up to 128 channels (g and out read once);
+    # a token-gradient program 32 channels (twice at d = 64, not 8 times as with 8-channel tiles)
     for d in (1, 33, 64, 128):
-        assert kernel_triton._grad_blocks(16384, d)["BLOCK_D"] >= d
-    assert kernel_triton._grad_blocks(16384, 64) == dict(BLOCK_A=64, BLOCK_D=64)
+        assert kernel_triton._grad_blocks(49, d)["BLOCK_D"] >= d
     assert kernel_triton._grad_blocks(49, 64) == dict(BLOCK_A=64, BLOCK_D=64)
-    assert kernel_triton._grad_blocks(16384, 256) == dict(BLOCK_A=32, BLOCK_D=128)
+    assert kernel_triton._grad_blocks(49, 256) == dict(BLOCK_A=32, BLOCK_D=128)
+    assert kernel_triton._token_grad_blocks(16384, 64) == dict(BLOCK_N=256, BLOCK_D=32)
+    assert kernel_triton._token_grad_blocks(10, 7) == dict(BLOCK_N=16, BLOCK_D=16)
 
 
 @pytest.mark.parametrize("kind", ["laplacian", "gaussian"])

@@ -14,15 +14,16 @@ For ``x: (..., N, d)`` and ``y: (..., M, d)`` with equal (possibly broadcast, an
   ``BLOCK_N`` fills :data:`_FWD_TILE` values.
 * backward: with ``c_ij = coef · g_ij · out_ij`` (``coef = −1/λ`` resp. ``−1``) and the odd function
   ``h(t) = sign(t)`` (``sign(0) = 0``) resp. ``h(t) = t``:
-  ``grad_x_i = Σ_j c_ij h(x_i − y_j)`` and, because ``h`` is odd, ``grad_y_j = Σ_i c_ij h(y_j − x_i)``:
-  the same kernel with the roles of ``x`` and ``y`` swapped and ``g``/``out`` read transposed. A program
-  holds a ``BLOCK_A×BLOCK_D`` tile of its side's gradient covering the whole head dim (up to 128
-  channels) and walks its partners one at a time, adding the outer product of the partner's
-  ``c`` column and ``h(a − b)``: ``g`` and ``out`` are read once per side, and on the landmark side
-  (``a`` = landmarks) each partner's ``c`` values are one contiguous row of ``g``/``out``. The sum
-  over the partner axis is split into chunks of ``_SPLIT_ROWS`` (enough programs to fill a GPU when
-  the partner is the long token axis); the per-chunk partial sums are added by PyTorch, so there are
-  no atomics and the result is deterministic.
+  ``grad_x_i = Σ_j c_ij h(x_i − y_j)`` and, because ``h`` is odd, ``grad_y_j = Σ_i c_ij h(y_j − x_i)``.
+  Token side (:func:`_token_grad`): like the forward, ``y`` is copied to float32 (zero-padded channels)
+  and a program keeps a ``BLOCK_D×BLOCK_N`` accumulator (channels × tokens, 32 channels: ``g`` and
+  ``out`` are read ``d/32`` times) and walks the landmarks one at a time, adding ``c_ij h(x_i − y_j)``
+  for the landmark's channel vector and one ``c`` value per token. Landmark side: the same sum with the
+  roles of ``x`` and ``y`` swapped and ``g``/``out`` read transposed; a program holds a
+  ``BLOCK_A×BLOCK_D`` tile (landmarks × the whole head dim up to 128 channels, so ``g`` and ``out`` are
+  read once, each token's ``c`` values being one contiguous row) and walks its tokens one at a time.
+  The token sum is split into chunks of ``_SPLIT_ROWS`` (enough programs to fill a GPU); the per-chunk
+  partial sums are added by PyTorch, so there are no atomics and the result is deterministic.
 
 Everything is computed in float32 whatever the input dtype (float32, float16 or bfloat16 are loaded
 and converted in registers, never copied); the output is float32, the gradients have the dtype of
@@ -41,6 +42,8 @@ from torch.autograd.function import once_differentiable
 _SPLIT_ROWS = 512
 #: float32 values of one program's accumulator tile: forward (128 per thread) and gradients
 _FWD_TILE, _TILE = 16384, 4096
+#: float32 values of a token-gradient program's accumulator (32 per thread on 8 warps)
+_TOKEN_GRAD_TILE = 8192
 #: warps of a forward program (32 accumulators per thread) and of a gradient program (16 per thread):
 #: ptxas for sm_90 reports no spills for either with 64×64 tiles (204 and 191 registers); the gradient
 #: spills on 4 warps
@@ -56,6 +59,14 @@ def _forward_blocks(N: int, M: int) -> dict:
     """``BLOCK_M`` fitted to ``M`` (one tile up to 64 landmarks), ``BLOCK_N`` filling :data:`_FWD_TILE`."""
     block_m = _pow2(M, high=64)
     return dict(BLOCK_N=_pow2(N, high=max(16, _FWD_TILE // block_m)), BLOCK_M=block_m)
+
+
+def _token_grad_blocks(N: int, D: int) -> dict:
+    """``BLOCK_D`` of at most 32 channels (each thread holds the tile's channels of its token, its
+    landmark vector and accumulators: 32 keep ptxas for sm_90 from spilling, 64 spill), ``BLOCK_N``
+    filling :data:`_TOKEN_GRAD_TILE`."""
+    block_d = _pow2(D, high=32)
+    return dict(BLOCK_N=_pow2(N, high=max(16, _TOKEN_GRAD_TILE // block_d)), BLOCK_D=block_d)
 
 
 def _grad_blocks(NA: int, D: int) -> dict:
@@ -148,6 +159,49 @@ def _grad_kernel():
     return pair_grad
 
 
+@functools.lru_cache(maxsize=None)
+def _token_grad_kernel():
+    """The ``@triton.jit`` gradient of the token side ``x`` (a sum over the landmarks), defined on first use."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def token_grad(x_ptr, yf_ptr, g_ptr, o_ptr, out_ptr, H, N, M, D, DPAD, sxb, sxh, sxn, sxd,
+                   sgb, sgh, sgn, sgm, sob, soh, son, som, coef,
+                   L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        # yf (B·H, M, DPAD): y in float32, zero-padded channels contiguous; the accumulator is channels ×
+        # tokens, so a thread holds every channel of the tile for its tokens and reads one c per token
+        tiles_n, tiles_d = tl.cdiv(N, BLOCK_N), tl.cdiv(D, BLOCK_D)
+        pid = tl.program_id(0)
+        bh, tile = pid // (tiles_n * tiles_d), pid % (tiles_n * tiles_d)
+        b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+        rows = (tile // tiles_d) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ch = (tile % tiles_d) * BLOCK_D + tl.arange(0, BLOCK_D)
+        rows64 = rows.to(tl.int64)
+        mask = (rows[None, :] < N) & (ch[:, None] < D)
+        xt = tl.load(x_ptr + b * sxb + h * sxh + rows64[None, :] * sxn + ch[:, None] * sxd, mask=mask,
+                     other=0.0).to(tl.float32)
+        y_row = yf_ptr + bh.to(tl.int64) * M * DPAD + ch
+        g_col = g_ptr + b * sgb + h * sgh + rows64 * sgn
+        o_col = o_ptr + b * sob + h * soh + rows64 * son
+        acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        for _ in range(0, M):
+            yj = tl.load(y_row)
+            w = (tl.load(g_col, mask=rows < N, other=0.0).to(tl.float32)
+                 * tl.load(o_col, mask=rows < N, other=0.0).to(tl.float32))
+            y_row += DPAD
+            g_col += sgm
+            o_col += som
+            diff = xt - yj[:, None]
+            if L1:
+                diff = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))     # sign(0) = 0
+            acc += w[None, :] * diff
+        out = out_ptr + (bh.to(tl.int64) * N + rows64[None, :]) * D + ch[:, None]
+        tl.store(out, acc * coef, mask=mask)
+
+    return token_grad
+
+
 def _as4d(t: torch.Tensor) -> torch.Tensor:
     """``t (..., R, d)`` as ``(B, H, R, d)``: a view for up to two leading dims (strides kept, broadcast
     dims included), a reshape (a copy where needed) beyond."""
@@ -202,11 +256,27 @@ def _grad_one_side(a4, b4, g4, o4, l1: bool, coef: float, transposed: bool) -> t
     return part.sum(2) if splits > 1 else part[:, :, 0]
 
 
+def _token_grad(x4, y4, g4, o4, l1: bool, coef: float) -> torch.Tensor:
+    """``Σ_j c_ij h(x_i − y_j)`` for every token ``i``, ``(B, H, N, d)`` in the dtype of ``x``."""
+    B, H, N, D = x4.shape
+    M = y4.shape[2]
+    out = torch.empty(B, H, N, D, dtype=x4.dtype, device=x4.device)
+    if out.numel():
+        bl = _token_grad_blocks(N, D)
+        dpad = -(-D // bl["BLOCK_D"]) * bl["BLOCK_D"]
+        yf = torch.zeros(B, H, M, dpad, dtype=torch.float32, device=x4.device)     # O(M·d) per head
+        yf[..., :D] = y4
+        grid = (B * H * -(-N // bl["BLOCK_N"]) * (dpad // bl["BLOCK_D"]),)
+        _token_grad_kernel()[grid](x4, yf, g4, o4, out, H, N, M, D, dpad, *_strides(x4), *_strides(g4),
+                                   *_strides(o4), float(coef), L1=l1, num_warps=_GRAD_WARPS, **bl)
+    return out
+
+
 def pair_grads(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, l1: bool, coef: float,
                need_x: bool = True, need_y: bool = True) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """``(dL/dx, dL/dy)`` from ``g = dL/dout`` and the saved output, in the dtypes of ``x`` and ``y``."""
     x4, y4, g4, o4 = _as4d(x), _as4d(y), _as4d(g), _as4d(out)
-    gx = _grad_one_side(x4, y4, g4, o4, l1, coef, False).reshape(x.shape).to(x.dtype) if need_x else None
+    gx = _token_grad(x4, y4, g4, o4, l1, coef).reshape(x.shape) if need_x else None
     gy = _grad_one_side(y4, x4, g4, o4, l1, coef, True).reshape(y.shape).to(y.dtype) if need_y else None
     return gx, gy
 
