@@ -96,7 +96,11 @@ def test_kernels_match_the_reference_bf16(calls, kind, lead, n, m, d):
 
 @pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
 def test_several_tiles_and_split_partner_sums(monkeypatch, calls, kind):
-    # N = 70 spans two token tiles of the token gradient; 32-token chunks split the landmark gradient's sum
+    # 256-value tiles: N = 70 spans five 16-token tiles of the forward and of the token gradient;
+    # 32-token chunks split the landmark gradient's sum
+    monkeypatch.setattr(kernel_triton, "_FWD_TILE", 256)
+    monkeypatch.setattr(kernel_triton, "_TOKEN_GRAD_TILE", 256)
+    assert kernel_triton._forward_blocks(70, 37)["BLOCK_N"] == kernel_triton._token_grad_blocks(70, 5)["BLOCK_N"] == 16
     monkeypatch.setattr(kernel_triton, "_SPLIT_ROWS", 32)
     x, y = _pair((1,), 70, 37, 5, torch.float32)
     _compare(kind, x, y, F32_OUT, F32_GRAD)
