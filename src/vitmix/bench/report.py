@@ -6,7 +6,7 @@ import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .._util import markdown_table as _markdown, write_csv
+from .._util import markdown_table as _markdown, pyplot, write_csv
 from .config import BenchConfig, SweepResult
 
 COLUMNS = [
@@ -165,10 +165,7 @@ def slope_table(rows: List[dict], kind: str) -> Dict[Tuple[str, str, str], Optio
 
 def plot(rows: List[dict], kind: str, metric: str, path: str, title: str) -> Optional[str]:
     """One log–log figure, a panel per pass, one line per mixer/model with its fitted slope."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("the benchmark report's plots")
 
     series = _series(rows, metric)
     if not series:
@@ -214,10 +211,7 @@ def loglog_panels(rows: List[dict], series: str, names: Sequence[str], x: str, x
 
     For one-off studies (``benchmarks/*.py``) whose rows are not a sweep's.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("the study's plot")
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for name in names:
