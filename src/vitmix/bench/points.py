@@ -15,7 +15,7 @@ from .config import BenchConfig, Target
 from .flops import analytic_flops, count_flops
 from .memory import peak_memory
 from .paired import paired_ratio
-from .targets import DTYPES, parse_mixer_spec
+from .targets import DTYPES, model_kwargs, parse_mixer_spec
 from .timing import time_call
 
 
@@ -70,7 +70,7 @@ def _build_mixer(target: Target, n: int, config: BenchConfig, device) -> _Point:
 def _build_model(target: Target, size: int, config: BenchConfig, device) -> _Point:
     from ..models import create_model
 
-    model = create_model(target.name, img_size=size)
+    model = create_model(target.name, img_size=size, **model_kwargs(target))
     embed = getattr(model, "patch_embed", None)
     in_chans = 3
     proj = getattr(embed, "proj", None)
