@@ -67,6 +67,17 @@ def test_a_leaderboard_without_matplotlib_keeps_its_tables(no_matplotlib, tmp_pa
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_a_benchmark_without_matplotlib_keeps_its_results(no_matplotlib, tmp_path):
+    from vitmix.bench import BenchConfig, run_sweep
+    from vitmix.bench.report import write_results
+
+    result = run_sweep(BenchConfig(kind="mixers", names=["softmax"], sizes=[16], dim=16, heads=2, passes=("fwd",),
+                                   min_run_time=0.01, measure_memory=False, measure_flops=False), progress=False)
+    with pytest.warns(UserWarning, match=r"benchmark report's plots needs matplotlib.*written without their plots"):
+        paths = write_results(result, str(tmp_path), command="test")
+    assert {Path(p).name for p in paths} == {"results.csv", "results.json", "results.md"}
+
+
 def test_the_cli_prints_the_missing_extra_in_one_line(no_matplotlib, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("VITMIX_DISABLE_C_KERNEL", "1")
     code = main(["analyze", "newton", "--landmarks", "4", "--img-size", "16", "--out", str(tmp_path)])
