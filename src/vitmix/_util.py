@@ -17,6 +17,25 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 
 # ----------------------------------------------------------------------------------------- errors
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message is one line naming the extra that installs it
+    (the CLI prints it and exits 2)."""
+
+
+def pyplot(purpose: str):
+    """matplotlib's pyplot with the Agg backend (no display needed), imported on first use: plotting is
+    the ``plot`` extra, so a core install imports, builds and trains without it. ``purpose`` (``"the
+    curves.png plot"``) names what needed it in the :class:`MissingExtra` raised when it is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingExtra(f"{purpose} needs matplotlib, which is not installed: pip install 'vitmix[plot]'") from None
+    return plt
+
+
 def close_matches(name: str, options: Iterable[str], n: int = 3) -> str:
     """A ``" Did you mean: a, b?"`` suffix for error messages (empty when nothing is close)."""
     matches = difflib.get_close_matches(name, list(options), n=n, cutoff=0.5)

@@ -15,6 +15,8 @@ import signal
 import sys
 import threading
 
+from ._util import MissingExtra
+
 # Modules that contribute subcommands, in the order `vitmix --help` lists them.
 _SUBCOMMAND_MODULES = (
     "vitmix.train.cli",
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
     try:
         with _sigterm_as_interrupt():
             return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FloatingPointError) as err:
+    except (ValueError, FileNotFoundError, FloatingPointError, MissingExtra) as err:
         print(f"vitmix {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:   # say how to continue (train names its run directory)

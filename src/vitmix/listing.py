@@ -12,7 +12,8 @@ def plain(text: str) -> str:
 
 def add_parser(sub) -> None:
     m = sub.add_parser("models", help="list models that accept vitmix mixers")
-    m.add_argument("pattern", nargs="?", default="", help="substring filter")
+    m.add_argument("pattern", nargs="?", default="",
+                   help="filter: a substring, or timm-style wildcards ('laplacianformer_*')")
     m.add_argument("--all", action="store_true", help="also list timm's ViT/DeiT families")
     m.add_argument("--table", action="store_true",
                    help="markdown table of vitmix's models: input size, mixer, parameters, GMACs of one image")

@@ -34,7 +34,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--mixers", help="'all' or comma-separated mixer specs (one attention layer)")
-    what.add_argument("--models", help="comma-separated model names (whole models)")
+    what.add_argument("--models", help="comma-separated models (whole models); NAME:mixer=M[:key=value...] "
+                                       "puts mixer M (with those options) in the model, e.g. "
+                                       "deit_tiny_patch16_224:mixer=laplacian")
     p.add_argument("--tokens", type=_int_list, default=None,
                    help=f"token counts for --mixers (default {','.join(map(str, DEFAULT_TOKENS))})")
     p.add_argument("--sizes", type=_int_list, default=None,

@@ -274,12 +274,42 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
                              mixer_options=meta.get("mixer_options"), model_options=meta.get("model_options"),
                              data=meta.get("data"))
     load_into(model, state, str(path))
+    set_data_config(model, run_data_config(meta))
     return model.to(dev).eval(), meta, path
+
+
+def known_dataset(data: Optional[str]):
+    """The ``DatasetInfo`` vitmix holds for ``data`` without reading it (digits, Fashion-MNIST), else None."""
+    from ..data import datasets
+
+    infos = [v for v in vars(datasets).values() if isinstance(v, datasets.DatasetInfo) and v.name == data]
+    return infos[0] if infos else None
+
+
+def run_data_config(meta: Dict[str, Any]) -> Dict[str, Any]:
+    """The preprocessing a run trained with, as timm's ``pretrained_cfg`` keys: its channels and image size,
+    and for datasets vitmix knows without reading them the normalisation (evaluation resizes, no crop)."""
+    size = int(meta["img_size"])
+    config: Dict[str, Any] = dict(input_size=(int(meta["in_chans"]), size, size))
+    info = known_dataset(meta.get("data"))
+    if info is not None:
+        config.update(mean=tuple(info.mean), std=tuple(info.std), crop_pct=1.0, interpolation="bilinear")
+    return config
+
+
+def set_data_config(model: nn.Module, config: Dict[str, Any]) -> None:
+    """Give ``model.pretrained_cfg`` (and timm's ``default_cfg`` alias) the data ``config``, so that
+    ``timm.data.resolve_data_config(model=model)`` builds the preprocessing the weights were trained with."""
+    if isinstance(getattr(model, "pretrained_cfg", None), dict):
+        model.pretrained_cfg = dict(model.pretrained_cfg, **config)
+        model.default_cfg = model.pretrained_cfg
 
 
 def load_model(checkpoint, device: Optional[str] = None) -> nn.Module:
     """The model of a vitmix checkpoint file or run directory, rebuilt from the checkpoint's own
     metadata (model, mixer and its options, classes, channels, image size) and put in eval mode.
+    Its ``pretrained_cfg`` is the run's data config (:func:`run_data_config`), so timm's
+    ``resolve_data_config(model=model)`` gives the run's channels, size and normalisation.
 
     >>> model = vitmix.load_model("runs/my-run")          # doctest: +SKIP  (its best.safetensors)
     """
