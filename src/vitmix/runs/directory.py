@@ -77,7 +77,8 @@ def check_resumable(cfg, run_dir: Path, config_cls: Type, may_change: Sequence[s
     for name in config_cls.field_names():
         mine, theirs = getattr(cfg, name), getattr(saved, name)
         if name not in may_change and mine != theirs:
-            raise ValueError(f"--resume: {flag_of(name)} {mine!r} differs from the run's {theirs!r} ({saved_path}); "
+            was = "unset (the model's default)" if theirs is None else repr(theirs)
+            raise ValueError(f"--resume: {flag_of(name)} {mine!r} differs from the run's {was} ({saved_path}); "
                              f"a resumed run keeps its config (only {', '.join(may_change[2:])} may change): drop "
                              "the flag or train into a new --out")
 
