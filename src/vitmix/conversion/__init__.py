@@ -6,7 +6,7 @@
 The package is ``vitmix.conversion`` (not ``vitmix.convert``) so that ``vitmix.convert`` stays the
 function whatever was imported first. See ``docs/convert.md``.
 """
-from .swap import convert, convert_layer, find_attention_layers, load_timm_checkpoint
+from ..models.swap import convert, convert_layer, find_attention_layers, load_timm_checkpoint
 from .transfer import layer_mse, paired_layers, transfer_attention
 
 __all__ = ["convert", "convert_layer", "find_attention_layers", "layer_mse", "load_timm_checkpoint",

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .._util import autocast
 from ..mixers import TokenMixer
-from .swap import find_attention_layers
+from ..models.swap import find_attention_layers
 
 Pairs = List[Tuple[str, nn.Module, TokenMixer]]
 

@@ -98,7 +98,7 @@ def _load_pretrained(fn, pretrained: bool, kwargs: dict, built_as: str) -> nn.Mo
     the model are a one-line ``ValueError`` naming the first tensor that does not."""
     if not pretrained:
         return fn(pretrained=False, **kwargs)
-    from ..conversion.swap import load_error
+    from .swap import load_error
 
     try:
         return fn(pretrained=True, **kwargs)
@@ -112,7 +112,7 @@ def _pretrained_and_converted(fn, mixer: str, mixer_options: Optional[dict], kwa
     """``pretrained=True`` with a mixer the weights were not trained with: the model the checkpoint was
     saved as (timm's softmax ViT, or a vitmix config's mixer) loads them through timm's own path, and
     :func:`vitmix.convert` swaps its attention for ``mixer`` (q/k/v and output carried over)."""
-    from ..conversion.swap import convert
+    from .swap import convert
 
     source, source_options = _source_mixer(kwargs)
     teacher_kwargs = dict(kwargs)

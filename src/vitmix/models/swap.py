@@ -18,7 +18,7 @@ from torch import nn
 
 from ..mixers import TokenMixer, get_mixer_class, number_layers
 from ..mixers.base import close_matches
-from ..models.vit import bind_token_grid
+from .vit import bind_token_grid
 
 #: a teacher layer's tensors that a mixer takes (timm ``Attention``'s names, first component)
 TEACHER_LAYERS = ("qkv", "proj", "q_norm", "k_norm", "norm")
