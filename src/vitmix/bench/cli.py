@@ -12,6 +12,7 @@ EPILOG = """examples:
   vitmix bench --mixers soft,laplacian,softmax:fused=false --dim 384 --heads 6 --passes fwd+bwd
   vitmix bench --models soft_tiny,laplacianformer_tiny --sizes 224,448 --dtype bf16
   vitmix bench --mixers softmax,laplacian --tokens 196,784 --compile
+  vitmix bench --spec benchmarks/specs/projection_floor.yaml --out 'runs/projection_floor/{machine}'
 
 Mixer options go after the name: NAME:key=value:key=value. The softmax baseline is always
 included; every row shows its speed-up and memory ratio against it."""
@@ -35,6 +36,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--mixers", help="'all' or comma-separated mixer specs (one attention layer)")
     what.add_argument("--models", help="comma-separated model names (whole models)")
+    what.add_argument("--spec", help="a YAML suite (e.g. benchmarks/specs/*.yaml): its cases and entries timed in "
+                                     "alternating rounds, with per-round ratios (see vitmix.bench.suite)")
     p.add_argument("--tokens", type=_int_list, default=None,
                    help=f"token counts for --mixers (default {','.join(map(str, DEFAULT_TOKENS))})")
     p.add_argument("--sizes", type=_int_list, default=None,
@@ -100,6 +103,10 @@ def run(args) -> int:
     from .report import summary_text, write_results
     from .sweep import run_sweep
 
+    if args.spec:
+        from .suite_cli import run_spec
+
+        return run_spec(args)
     config = config_from_args(args)
     result = run_sweep(config, progress=not args.no_progress)
     argv = sys.argv[1:]
