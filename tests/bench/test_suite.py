@@ -170,6 +170,9 @@ def test_bench_spec_writes_the_suite_under_the_machine(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--spec", "missing.yaml"], "missing.yaml does not exist"),
     (["--spec", "{spec}", "--tokens", "16"], "--tokens is for --mixers/--models sweeps"),
+    (["--spec", "{spec}", "--min-run-time", "1"], "--min-run-time is for --mixers/--models sweeps"),
+    (["--spec", "{spec}", "--dim", "64"], "--dim is for --mixers/--models sweeps"),
+    (["--spec", "{spec}", "--compile"], "--compile is for --mixers/--models sweeps"),
 ])
 def test_bench_spec_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
     spec = tmp_path / "s.yaml"

@@ -4,8 +4,13 @@ from __future__ import annotations
 import shlex
 import sys
 
-#: ``vitmix bench`` flags a suite takes from its file instead; given with ``--spec`` they are refused
-SWEEP_ONLY = ("tokens", "sizes", "compile")
+from .config import PASSES, BenchConfig
+
+#: ``vitmix bench`` flags a suite sets in its file instead (given with ``--spec`` they are refused, not ignored),
+#: with the value each has when not given
+SWEEP_ONLY = {"tokens": None, "sizes": None, "compile": False, "batch": BenchConfig.batch, "dim": BenchConfig.dim,
+              "heads": BenchConfig.heads, "dtype": BenchConfig.dtype, "passes": ",".join(PASSES),
+              "min_run_time": BenchConfig.min_run_time}
 
 
 def run_spec(args) -> int:
@@ -14,9 +19,11 @@ def run_spec(args) -> int:
     from .suite import load_spec, run_suite
     from .suite_report import write_suite
 
-    given = [name for name in SWEEP_ONLY if getattr(args, name, None)]
+    given = [name for name, unset in SWEEP_ONLY.items() if getattr(args, name, unset) != unset]
     if given:
-        raise ValueError(f"--{given[0]} is for --mixers/--models sweeps; a --spec suite sets its sizes in the file")
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} is for --mixers/--models sweeps; a --spec suite sets it in the file (copy the "
+                         "file to change it)")
     spec = load_spec(args.spec)
     if args.threads:
         spec["threads"] = args.threads
