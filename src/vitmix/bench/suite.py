@@ -11,10 +11,10 @@ a ``train_step``. The suites the project's committed timings come from are ``ben
 Top-level keys: ``title``, ``about`` (a paragraph for the results), ``entries`` (mixer or op specs,
 ``name:key=value``), ``ratios_to`` (entries the others are divided by; default the first), ``rounds``,
 ``min_run_time`` (seconds of timing per entry and round), ``threads``, ``seed``, ``cases``. Case keys:
-``name``, ``kind``, ``batch``; ``dim``, ``heads``, ``tokens`` (grid tokens, a list), ``prefix`` (extra
-tokens, e.g. CLS), ``layer_options`` (layer and op cases); ``model``, ``model_options`` (model and
-train_step cases); ``passes`` (``fwd``, ``fwd+bwd``); ``memory`` (also the peak memory of each entry);
-``profile`` (that many calls of each entry under ``torch.profiler``, into ``profile.md``).
+``name``, ``kind``, ``batch``; ``dim``, ``heads``, ``tokens`` (grid tokens, a list; layer and op cases),
+``prefix`` (extra tokens, e.g. CLS) and ``layer_options`` (layer cases); ``model``, ``model_options`` (model
+and train_step cases); ``passes`` (``fwd``, ``fwd+bwd``; not train_step); ``memory`` (also the peak
+memory of each entry); ``profile`` (that many calls of each entry under ``torch.profiler``, into ``profile.md``).
 """
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ from .suite_targets import KINDS, build, check_entry
 TOP_KEYS = ("title", "about", "entries", "ratios_to", "rounds", "min_run_time", "threads", "seed", "cases")
 CASE_KEYS = ("name", "kind", "batch", "dim", "heads", "tokens", "prefix", "layer_options", "model",
              "model_options", "passes", "memory", "profile")
+#: the keys only some kinds take (a key another kind would silently ignore is refused)
+KIND_KEYS = {"layer": ("dim", "heads", "tokens", "prefix", "layer_options", "passes"),
+             "op": ("dim", "heads", "tokens", "passes"), "model": ("model", "model_options", "passes"),
+             "train_step": ("model", "model_options")}
 NEEDS = {"layer": ("dim", "heads", "tokens"), "op": ("dim", "heads", "tokens"), "model": ("model",),
          "train_step": ("model",)}
 
@@ -65,9 +69,10 @@ def check_spec(spec: dict, where: str = "spec") -> dict:
         if ref not in spec["entries"]:
             raise ValueError(f"{where}: ratios_to names {ref!r}, which is not an entry."
                              + close_matches(ref, spec["entries"]))
-    for key in ("rounds", "min_run_time"):
-        if not isinstance(spec[key], (int, float)) or spec[key] <= 0:
-            raise ValueError(f"{where}: {key} must be a positive number, got {spec[key]!r}")
+    if not isinstance(spec["rounds"], int) or spec["rounds"] < 1:
+        raise ValueError(f"{where}: rounds must be a positive integer, got {spec['rounds']!r}")
+    if not isinstance(spec["min_run_time"], (int, float)) or spec["min_run_time"] <= 0:
+        raise ValueError(f"{where}: min_run_time must be a positive number of seconds, got {spec['min_run_time']!r}")
     if not spec.get("cases") or not isinstance(spec["cases"], list):
         raise ValueError(f"{where}: 'cases' must be a list of cases (each with a name and a kind)")
     spec["cases"] = [_check_case(case, spec["entries"], f"{where}, case {i + 1}")
@@ -89,10 +94,14 @@ def _check_case(case: dict, entries: List[str], where: str) -> dict:
     for key in NEEDS[kind]:
         if key not in case:
             raise ValueError(f"{where}: a {kind} case needs {key!r}")
+    for key in case:
+        if key not in KIND_KEYS[kind] and any(key in keys for keys in KIND_KEYS.values()):
+            takes = [k for k, keys in KIND_KEYS.items() if key in keys]
+            raise ValueError(f"{where}: {key!r} is for {' and '.join(takes)} cases, not {kind}")
     case = {"name": f"{kind} {where.rsplit(' ', 1)[-1]}", "batch": 1, "prefix": 0, "memory": False, "profile": 0,
             "passes": ["fwd+bwd"], **case}
     if kind == "train_step":
-        case["passes"] = ["train step"]
+        case["passes"] = ["train step"]  # forward, backward and the update: one pass of its own
     elif [p for p in case["passes"] if p not in PASSES] or not case["passes"]:
         raise ValueError(f"{where}: passes must be a list of {', '.join(PASSES)}, got {case['passes']!r}")
     if kind in ("layer", "op"):
