@@ -179,6 +179,7 @@ def test_bench_spec_writes_the_suite_under_the_machine(tmp_path, capsys):
     (["--spec", "{spec}", "--min-run-time", "1"], "--min-run-time is for --mixers/--models sweeps"),
     (["--spec", "{spec}", "--dim", "64"], "--dim is for --mixers/--models sweeps"),
     (["--spec", "{spec}", "--compile"], "--compile is for --mixers/--models sweeps"),
+    (["--spec", "{spec}", "--seed", "3"], "--seed is for --mixers/--models sweeps"),
 ])
 def test_bench_spec_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
     spec = tmp_path / "s.yaml"

@@ -1,4 +1,5 @@
-"""``vitmix bench``: time, memory and FLOPs of mixers (one layer) or models, swept over size."""
+"""``vitmix bench``: time, memory and FLOPs of mixers (one layer) or models, swept over size; or a suite
+(``--spec``): fixed cases whose entries are compared in alternating rounds."""
 from __future__ import annotations
 
 import argparse
