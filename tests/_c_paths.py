@@ -20,10 +20,10 @@ def assert_training_falls_back(c_calls, monkeypatch, layer, x, hw, prefix, key: 
     """With the C library unavailable (no compiler, VITMIX_DISABLE_C_KERNEL) training runs the composed path:
     the C training call (counted under ``key``) never produced an output, and the numbers are exactly the
     composed path's."""
-    from vitmix.ops.nystrom import c as nystrom_c
+    from vitmix.mixers.fused import library
 
-    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_lib", None)
-    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_tried", True)
+    monkeypatch.setattr(library.LAYERS_KERNEL, "_lib", None)
+    monkeypatch.setattr(library.LAYERS_KERNEL, "_tried", True)
     without = train_grads(layer, x, hw, prefix)
     assert c_calls[key] == 0
     use_composed(monkeypatch, layer)

@@ -105,10 +105,11 @@ def c_calls(monkeypatch):
     LaplacianFormer layer's (``"layer"``: inference, and the forward of training), its training path with
     the C backward (``"train"``) and the SOFT layer's (``"soft"``); a silent fallback leaves them at 0.
     Fails where the library cannot be built (no C compiler)."""
-    from vitmix.ops.nystrom import c as nystrom_c, c_grad
+    from vitmix.mixers.fused import autograd, library
+    from vitmix.ops.nystrom import c as nystrom_c
 
-    if nystrom_c.NYSTROM_KERNEL.load() is None:
-        pytest.fail("no C compiler: the fused Nyström C forward could not be built (install cc/gcc)")
+    if nystrom_c.NYSTROM_KERNEL.load() is None or library.LAYERS_KERNEL.load() is None:
+        pytest.fail("no C compiler: the fused Nyström C libraries could not be built (install cc/gcc)")
     counts = {"fused": 0, "layer": 0, "train": 0, "soft": 0, "soft_train": 0}
 
     def spy(name: str, key: str, module=nystrom_c) -> None:
@@ -120,8 +121,8 @@ def c_calls(monkeypatch):
             return out
         monkeypatch.setattr(module, name, counted)
     spy("fused_forward", "fused")
-    spy("laplacian_mix", "layer")
-    spy("laplacian_mix_train", "train", c_grad)
-    spy("soft_mix", "soft")
-    spy("soft_mix_train", "soft_train", c_grad)
+    spy("laplacian_mix", "layer", library)
+    spy("laplacian_mix_train", "train", autograd)
+    spy("soft_mix", "soft", library)
+    spy("soft_mix_train", "soft_train", autograd)
     return counts

@@ -33,6 +33,19 @@ def test_listings(capsys):
     assert "vit_nano_patch4_32" in capsys.readouterr().out
 
 
+def test_model_patterns_take_timms_wildcards(capsys):
+    import vitmix
+
+    sizes = [f"laplacianformer_{s}" for s in ("huge", "large", "medium", "nano", "small", "tiny")]
+    assert vitmix.list_models("laplacianformer_*") == sizes
+    assert vitmix.list_models("laplacianformer_[ht]*") == ["laplacianformer_huge", "laplacianformer_tiny"]
+    assert vitmix.list_models("*former_tin?") == ["laplacianformer_tiny", "timesformer_tiny", "weightformer_tiny"]
+    assert "laplacianformer_tiny" in vitmix.list_models("former_tiny")      # no wildcard: a substring
+    assert "deit_tiny_patch16_224" in vitmix.list_models("deit_*")
+    assert main(["models", "laplacianformer_*"]) == 0
+    assert capsys.readouterr().out.split("\n\n")[0].split() == sizes
+
+
 def test_model_table(capsys):
     assert main(["models", "--table", "nano_patch4_32"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

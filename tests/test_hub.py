@@ -135,3 +135,15 @@ def test_what_cannot_be_shared_is_a_one_line_error(tmp_path):
         vitmix.save_pretrained(model, tmp_path / "y")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         vitmix.save_pretrained(tmp_path / "no-such-run", tmp_path / "z")
+
+
+def test_load_model_of_a_run_carries_the_runs_data_config(tmp_path):
+    """Regression: a 1-channel 8×8 digits run loaded with 3 channels, 32×32 and mean 0.5×3 in its
+    pretrained_cfg, so timm's resolve_data_config built the wrong preprocessing."""
+    from timm.data import resolve_data_config
+
+    model = vitmix.load_model(_fake_run(tmp_path))
+    config = resolve_data_config(model=model)
+    assert config["input_size"] == (1, 8, 8) and config["mean"] == (0.5,) and config["std"] == (0.5,)
+    assert config["crop_pct"] == 1.0 and model.default_cfg is model.pretrained_cfg
+    assert vitmix.create_model("vit_nano_patch4_32").pretrained_cfg["input_size"] == (3, 32, 32)   # untouched

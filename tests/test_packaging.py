@@ -73,3 +73,16 @@ def test_the_wheel_ships_the_recipes_and_the_version(tmp_path):
     assert wheel.name.startswith(f"vitmix-{vitmix.__version__}-")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"vitmix/configs/{n}.yaml" for n in list_configs()} <= names
+    for package in ("ops", "mixers/fused"):         # the C sources, compiled on first use
+        csrc = ROOT / "src" / "vitmix" / package / "csrc"
+        assert {f"vitmix/{package}/csrc/{p.name}" for p in csrc.iterdir() if p.suffix in (".c", ".h")} <= names
+
+
+def test_the_project_metadata_describes_the_package():
+    """Classifiers say what the package is; none names the license, which `license` (SPDX) already does."""
+    tomllib = pytest.importorskip("tomllib")      # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    classifiers = project["classifiers"]
+    assert "Typing :: Typed" in classifiers and (ROOT / "src/vitmix/py.typed").is_file()
+    assert "Topic :: Scientific/Engineering :: Image Recognition" in classifiers
+    assert not any(c.startswith("License ::") for c in classifiers) and project["license"] == "Apache-2.0"

@@ -78,7 +78,7 @@ def converted_accuracy(teacher_dir: Path, cfg: TrainConfig) -> dict:
     """The converted model as it starts (no training), on the teacher's validation split."""
     import vitmix
     from vitmix.data.datasets import build_datasets, build_loaders
-    from vitmix.train.distributed import DistInfo
+    from vitmix.runs.distributed import DistInfo
     from vitmix.train.engine import evaluate
 
     device = parse_device(cfg.device)          # where the runs train (the loaded teacher may sit elsewhere)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import signal
 import sys
 import threading
+
+from ._util import MissingExtra
 
 # Modules that contribute subcommands, in the order `vitmix --help` lists them.
 _SUBCOMMAND_MODULES = (
@@ -98,7 +101,7 @@ def main(argv=None) -> int:
     try:
         with _sigterm_as_interrupt():
             return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FloatingPointError) as err:
+    except (ValueError, FileNotFoundError, FloatingPointError, MissingExtra) as err:
         print(f"vitmix {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:   # say how to continue (train names its run directory)
@@ -108,6 +111,12 @@ def main(argv=None) -> int:
     except BrokenPipeError:          # `vitmix mixers | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:           # a full disk is the user's to fix: one line (vitmix's names the folder)
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f": {err.filename}" if err.filename else ""
+        print(f"vitmix {args.command}: error: {err.strerror}{where}", file=sys.stderr)
+        return 2
 
 
 @contextlib.contextmanager

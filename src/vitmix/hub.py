@@ -86,33 +86,22 @@ def _model_and_facts(model_or_run: RunOrModel) -> Tuple[nn.Module, Dict[str, Any
 
 
 def _from_run(path: Path) -> Tuple[nn.Module, Dict[str, Any]]:
-    from .runs import load_model, load_weights, resolve_checkpoint
+    from .runs import load_checkpoint
+    from .runs.checkpoints import known_dataset, run_data_config
 
-    checkpoint = resolve_checkpoint(path)                      # FileNotFoundError names what is missing
-    _, meta = load_weights(checkpoint)
-    model = load_model(checkpoint, device="cpu")
+    model, meta, checkpoint = load_checkpoint(path, device="cpu")   # one-line errors name what is missing
     facts = _mixer_facts(model)
     facts.update(data=meta.get("data"), epoch=meta.get("epoch"), val_acc=meta.get("val_acc"),
                  checkpoint=checkpoint.name)
     summary = checkpoint.parent / "summary.json"
     if summary.is_file():
         facts["best_val_acc"] = json.loads(summary.read_text()).get("best_val_acc")
-    info = _known_dataset(meta.get("data"))
+    info = known_dataset(meta.get("data"))
     if info is not None:   # the run's normalisation and class names, for timm's pretrained_cfg / label_names
-        size = int(meta["img_size"])
-        facts["data_config"] = dict(input_size=(int(meta["in_chans"]), size, size), mean=tuple(info.mean),
-                                    std=tuple(info.std), crop_pct=1.0, interpolation="bilinear")
+        facts["data_config"] = run_data_config(meta)
         if len(info.classes) == meta.get("num_classes"):
             facts["model_config"] = {"label_names": list(info.classes)}
     return model, facts
-
-
-def _known_dataset(data: Optional[str]):
-    """The ``DatasetInfo`` vitmix holds for ``data`` without reading it (digits, Fashion-MNIST), else None."""
-    from .data import datasets
-
-    infos = [v for v in vars(datasets).values() if isinstance(v, datasets.DatasetInfo) and v.name == data]
-    return infos[0] if infos else None
 
 
 def _mixer_facts(model: nn.Module) -> Dict[str, Any]:

@@ -12,7 +12,8 @@ def plain(text: str) -> str:
 
 def add_parser(sub) -> None:
     m = sub.add_parser("models", help="list models that accept vitmix mixers")
-    m.add_argument("pattern", nargs="?", default="", help="substring filter")
+    m.add_argument("pattern", nargs="?", default="",
+                   help="filter: a substring, or timm-style wildcards ('laplacianformer_*')")
     m.add_argument("--all", action="store_true", help="also list timm's ViT/DeiT families")
     m.add_argument("--table", action="store_true",
                    help="markdown table of vitmix's models: input size, mixer, parameters, GMACs of one image")
@@ -49,7 +50,21 @@ def run_mixers(args) -> int:
         print(f"{name:<14} {doc} [cost: {cls.complexity} in tokens]")
         if own:
             print(f"{'':<14} options: {', '.join(own)}")
+        print(f"{'':<14} 1-D: {sequence_line(cls)}")
     return 0
+
+
+#: how each ``padding_mask`` setting reads in ``vitmix mixers``
+_MASKING = {"masked": "key-padding mask within the batch", "by_length": "key-padding mask (one run per valid length)",
+            None: "no key-padding mask"}
+
+
+def sequence_line(cls) -> str:
+    """What a mixer class does on a 1-D sequence (``sequence=True``) and how it takes a key-padding mask."""
+    what = cls.sequence_support(refuse=False)
+    if what is None:
+        return "no (needs an image token grid)"
+    return f"{plain(what)}; {_MASKING.get(cls.padding_mask, cls.padding_mask)}"
 
 
 def model_table(names) -> str:

@@ -189,3 +189,26 @@ def test_bench_spec_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, messa
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_spec_refuses_a_folder_of_the_users_files_before_running(tmp_path, capsys, monkeypatch):
+    """The --out rule of every command that writes a folder: a folder holding files a suite did not write is
+    refused in one line before any timing, and nothing in it changes; a suite's own earlier folder is refreshed."""
+    from vitmix.bench import suite
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("entries: [softmax]\nrounds: 1\nmin_run_time: 0.01\n"
+                    "cases: [{name: l, kind: layer, dim: 16, heads: 2, tokens: [4]}]\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    ran = []
+    real = suite.run_suite
+    monkeypatch.setattr(suite, "run_suite", lambda *a, **k: ran.append(1) or real(*a, **k))
+    assert main(["bench", "--spec", str(spec), "--out", str(mine), "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no vitmix bench results" in err and len(err.strip().splitlines()) == 1 and not ran
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
+    again = tmp_path / "again"
+    assert main(["bench", "--spec", str(spec), "--out", str(again), "--threads", "1"]) == 0
+    assert main(["bench", "--spec", str(spec), "--out", str(again), "--threads", "1"]) == 0 and len(ran) == 2

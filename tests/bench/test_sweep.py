@@ -4,10 +4,13 @@ import json
 import math
 
 import pytest
+import torch
 
 from vitmix.bench import BenchConfig, run_sweep
 from vitmix.bench.report import fit_slope, load_results, write_results
+from vitmix.bench.points import point_builder
 from vitmix.bench.sweep import _extrapolate, _is_oom, parse_mixer_spec, token_grid
+from vitmix.bench.targets import model_kwargs, resolve_targets
 from vitmix.cli import main
 
 
@@ -71,6 +74,23 @@ def test_model_sweep_skips_invalid_sizes_with_a_reason(tmp_path):
     assert [r.get("median_ms") for r in again.rows] == [r.get("median_ms") for r in res.rows]
 
 
+def test_a_timm_vit_is_benchmarked_with_a_mixer():
+    """`--models deit_tiny_patch16_224:mixer=laplacian`: timm's ViT with the mixer (and its options) in its blocks."""
+    spec = "deit_tiny_patch16_224:mixer=laplacian:landmark_stride=2"
+    config = BenchConfig(kind="models", names=["deit_tiny_patch16_224", spec], sizes=[32], passes=("fwd",),
+                         baseline_model="deit_tiny_patch16_224", min_run_time=0.01, measure_memory=False,
+                         measure_flops=False)
+    targets = resolve_targets(config)
+    assert [(t.label, t.baseline) for t in targets] == [("deit_tiny_patch16_224", True), (spec, False)]
+    assert model_kwargs(targets[1]) == dict(mixer="laplacian", mixer_options={"landmark_stride": 2})
+    built = point_builder("models")(targets[1], 32, config, torch.device("cpu"))
+    layers = [b.attn for b in built.module.blocks]
+    assert {a.mixer_name for a in layers} == {"laplacian"} and layers[0].landmark_stride == 2
+    res = run_sweep(config, progress=False)
+    rows = {r["name"]: r for r in res.rows}
+    assert rows[spec]["status"] == "ok" and rows["deit_tiny_patch16_224"]["baseline"]
+
+
 def test_budget_exceeded_stops_cleanly_and_writes_partial_results(tmp_path):
     rc = main(["bench", "--mixers", "softmax", "--tokens", "64,256,1024,4096", "--dim", "32", "--heads", "2",
                "--passes", "fwd", "--min-run-time", "0.4", "--max-seconds", "0.3", "--no-memory", "--no-flops",
@@ -100,6 +120,9 @@ def test_points_predicted_not_to_fit_in_memory_are_skipped():
     (["--mixers", "soft:num_landmark=16"], "Did you mean: num_landmarks"),
     (["--mixers", "soft:16"], "key=value"),
     (["--models", "vit_nano_patch4_3"], "Did you mean: vit_nano_patch4_32"),
+    (["--models", "deit_tiny_patch16_224:mixer=laplacain"], "Did you mean: laplacian"),
+    (["--models", "deit_tiny_patch16_224:mixer=soft:num_landmark=4"], "Did you mean: num_landmarks"),
+    (["--models", "deit_tiny_patch16_224:landmark_stride=2"], "need the mixer they are for"),
     (["--mixers", "soft", "--dtype", "bf61"], "Did you mean: bf16"),
     (["--mixers", "soft", "--passes", "fwd+bw"], "Did you mean: fwd+bwd"),
     (["--mixers", "soft", "--dim", "30", "--heads", "4"], "not divisible"),

@@ -141,6 +141,27 @@ def test_resume_after_kill_9_while_saving_matches_an_uninterrupted_run(folders, 
     assert [h["train_loss"] for h in _history(straight)] == [h["train_loss"] for h in _history(killed)]
 
 
+def test_resuming_a_run_saved_with_fractional_scores_keeps_one_unit(folders, tmp_path):
+    """A segmentation run saved while mIoU was a fraction (its state.pt has no ``percent`` entry) is resumed in
+    percent throughout: its earlier epochs and best score are rescaled, so the next epoch's percent mIoU is not
+    compared with a fraction (which would always replace best.safetensors)."""
+    out = tmp_path / "old"
+    assert _segment(folders, out, "--epochs", "1") == 0
+    (first,) = _history(out)
+    state = torch.load(out / "state.pt", weights_only=True)
+    old = {k: v for k, v in state.items() if k != "percent"}
+    old["history"] = [{k: v / 100 if k in ("mIoU", "pixel_accuracy") else v for k, v in h.items()}
+                      for h in state["history"]]
+    old["best_score"] = state["best_score"] / 100
+    torch.save(old, out / "state.pt")
+    assert main(["dense", "train", "--out", str(out), "--resume", "--epochs", "2"]) == 0
+    again, second = _history(out)
+    assert again["mIoU"] == pytest.approx(first["mIoU"]) and again["pixel_accuracy"] == pytest.approx(
+        first["pixel_accuracy"])
+    assert torch.load(out / "state.pt", weights_only=True)["best_score"] == pytest.approx(
+        max(first["mIoU"], second["mIoU"]))
+
+
 def test_resume_refuses_a_flag_that_would_change_the_run(seg_run, capsys):
     _fails(["dense", "train", "--out", str(seg_run), "--resume", "--lr", "0.5"], capsys, "--lr")
 

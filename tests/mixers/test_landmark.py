@@ -97,6 +97,7 @@ def test_auto_landmarks_at_the_learning_grid_shapes():
 def test_inference_without_a_compiler_runs_the_composed_path(monkeypatch, tmp_path, name):
     """Fault injection for the one-call C inference: a failing compiler and an empty cache give one
     warning and exactly the composed path's numbers (the ops that run when gradients are needed)."""
+    from vitmix.mixers.fused import library
     from vitmix.ops.nystrom import c as nystrom_c
 
     torch.manual_seed(4)
@@ -107,8 +108,11 @@ def test_inference_without_a_compiler_runs_the_composed_path(monkeypatch, tmp_pa
         composed = layer(x).detach()       # layer's C paths off
     monkeypatch.setenv("CC", "/bin/false")
     monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_lib", None)
-    monkeypatch.setattr(nystrom_c.NYSTROM_KERNEL, "_tried", False)
-    with pytest.warns(RuntimeWarning, match="could not compile the nystrom_forward"), torch.no_grad():
+    for kernel in (nystrom_c.NYSTROM_KERNEL, library.LAYERS_KERNEL):   # the layer's C path, then the op's
+        monkeypatch.setattr(kernel, "_lib", None)
+        monkeypatch.setattr(kernel, "_tried", False)
+    with pytest.warns(RuntimeWarning) as caught, torch.no_grad():
         out = layer(x)
+    assert {"vitmix: could not compile the landmark_layers", "vitmix: could not compile the nystrom_forward"} <= {
+        str(w.message).split(" with ")[0] for w in caught}
     assert torch.equal(out, composed)

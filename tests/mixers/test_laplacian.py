@@ -162,7 +162,7 @@ TRAIN_CASES = [  # (batch, prefix, H, W, dim, heads, options): odd grids, head d
 def test_training_in_one_c_call_each_way_matches_the_composed_path(c_calls, monkeypatch, dtype, batch, prefix, H, W,
                                                                     dim, heads, opts):
     """With gradients the layer's token mixing is one C call forward and one backward
-    (:mod:`vitmix.ops.nystrom.c_grad`); output and every gradient (input, qkv, conv, mean weight, proj) match
+    (:mod:`vitmix.mixers.fused.autograd`); output and every gradient (input, qkv, conv, mean weight, proj) match
     the composed path. float64: measured ≤ 2e-15 of each tensor's scale, bound 1e-11. float32: ≤ 1.2e-6,
     bound 2e-5 (sums in another order, amplified by the Newton–Schulz loop)."""
     torch.manual_seed(5)
@@ -174,7 +174,7 @@ def test_training_in_one_c_call_each_way_matches_the_composed_path(c_calls, monk
 def test_training_c_function_passes_gradcheck():
     """float64 gradcheck of the C forward/backward pair against finite differences. The backward is the
     implicit inverse derivative, exact where Newton–Schulz has converged: 60 steps here."""
-    from vitmix.ops.nystrom.c_grad import laplacian_mix_train
+    from vitmix.mixers.fused.autograd import laplacian_mix_train
 
     torch.manual_seed(0)
     b, prefix, h, w, heads, d = 2, 1, 4, 3, 2, 3
@@ -278,6 +278,18 @@ def test_rope_encodes_relative_position():
     torch.testing.assert_close(rq.norm(dim=-1), grid_q.norm(dim=-1))  # a rotation
     cls = torch.randn(1, 1, 1 + H * W, d)
     assert torch.equal(rope_2d(cls, 1, H, W)[:, :, :1], cls[:, :, :1])  # prefix untouched
+
+
+def test_rope_of_float64_tokens_rotates_by_float64_angles():
+    """float32 angles would be off by ~1e-7 and limit a float64 model to float32 accuracy (the float64
+    fingerprints of tests/models/test_fingerprints.py must agree across CPUs to 1e-9)."""
+    d, H, W = 8, 3, 5
+    out = rope_2d(torch.ones(1, 1, H * W, d, dtype=torch.float64), 0, H, W)[0, 0]
+    quarter = d // 4
+    for i in range(H * W):
+        angles = [(i // W if j < quarter else i % W) * 100.0 ** (-(j % quarter) / quarter) for j in range(d // 2)]
+        want = [math.cos(a) - math.sin(a) for a in angles] + [math.sin(a) + math.cos(a) for a in angles]
+        assert out[i].tolist() == pytest.approx(want, rel=0, abs=1e-15)
 
 
 def test_bad_input_errors():

@@ -172,7 +172,7 @@ TRAIN_CASES = [  # (name, batch, prefix, H, W, dim, heads, options): odd grids, 
 def test_training_in_one_c_call_each_way_matches_the_composed_path(c_calls, monkeypatch, dtype, name, batch, prefix,
                                                                     H, W, dim, heads, opts):
     """With gradients the layer's token mixing is one C call forward and one backward
-    (:func:`vitmix.ops.nystrom.c_grad.soft_mix_train`); output and every gradient (input, W_q, W_v, landmark
+    (:func:`vitmix.mixers.fused.autograd.soft_mix_train`); output and every gradient (input, W_q, W_v, landmark
     conv, LayerNorm, local filter, ff) match the composed path. float64: measured ≤ 1.2e-14 of each tensor's
     scale, bound 1e-11. float32: ≤ 3.2e-6, bound 2e-5 (sums in another order, amplified by Newton–Schulz)."""
     torch.manual_seed(5)
@@ -190,7 +190,7 @@ def test_training_c_function_passes_gradcheck(normalization, conv_landmarks, poo
     """float64 gradcheck of the C forward/backward pair against finite differences, for both landmark modules
     and both grid rules. The backward is the implicit inverse derivative, exact where Newton–Schulz has
     converged: 60 steps here."""
-    from vitmix.ops.nystrom.c_grad import soft_mix_train
+    from vitmix.mixers.fused.autograd import soft_mix_train
 
     torch.manual_seed(0)
     b, prefix, h, w, heads, d, s = 2, 1, 5, 4, 2, 3, 2

@@ -184,6 +184,8 @@ def test_the_segmentation_example_trains_end_to_end():
     exec(compile(blocks[0], str(DOC), "exec"), namespace)
     losses, accuracy = namespace["losses"], namespace["foreground_accuracy"]
     # seen: 1.56 -> 0.04 and 0.92 on the held-out set (0.94 with WeightFormer or a ViT); predicting
-    # background everywhere scores 0 on foreground pixels, a random classifier ~1/3
+    # background everywhere scores 0 on foreground pixels, a random classifier ~1/3. Another CPU rounds the
+    # float32 training differently, which moves the outcome like another seed would (a few points), far
+    # from either bound: a 25x loss drop against 5x, 0.92 against 0.8.
     assert losses[-1] < 0.2 * losses[0]
     assert accuracy > 0.8

@@ -145,10 +145,11 @@ def test_official_soft_tiny_layout_is_the_official_one():
 
 
 @pytest.mark.parametrize("name, preset", [("soft_tiny", None), ("soft_norm_tiny", "official")])
+@pytest.mark.filterwarnings("ignore:.*an official fudan-zvg/SOFT checkpoint")
 def test_official_soft_checkpoint_loads_through_timm(tmp_path, name, preset):
     # two blocks in stage 2 (block index mapping), one elsewhere: the official layout at a third of the size
     kwargs = dict(depths=(1, 2, 1, 1)) if preset is None else dict(depths=(1, 2, 1, 1), preset=preset)
-    src = _create(name, seed=1, **kwargs)
+    src = _create(name, seed=1, depths=(1, 2, 1, 1), preset="official")   # an official file computes so
     official = official_soft_state_dict(src)
     # the official training checkpoint: EMA weights (which the official evaluation loads) and raw ones
     raw = dict(official, **{"head.weight": official["head.weight"] + 1.0})   # shares the other tensors
@@ -167,6 +168,38 @@ def test_official_soft_checkpoint_loads_through_timm(tmp_path, name, preset):
     x = torch.randn(1, 3, 256, 256)
     with torch.no_grad():
         assert torch.equal(big(x), src(x))
+
+
+def test_an_official_soft_checkpoint_without_a_preset_gets_the_official_one(tmp_path):
+    """Regression: loaded with vitmix's default preset, an official checkpoint silently computed something
+    else than the official model (the default landmarks changed)."""
+    small = dict(depths=(1, 1, 1, 1))
+    official = _create("soft_tiny", seed=2, preset="official", **small)
+    path = tmp_path / "soft.pth"
+    torch.save({"state_dict_ema": official_soft_state_dict(official)}, path)
+    with pytest.warns(UserWarning, match=r"soft_tiny: an official fudan-zvg/SOFT checkpoint, so the soft mixers use "
+                                         r"preset='official' .*pass preset='default' for vitmix's defaults") as seen:
+        loaded = _load("soft_tiny", path, **small)
+    assert len([w for w in seen if "fudan-zvg" in str(w.message)]) == 1
+    kernel = [b.attn for s in loaded.stages[:3] for b in s.blocks]
+    assert {a.preset for a in kernel} == {"official"}
+    x = torch.randn(1, 3, 72, 72)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), official(x), rtol=0, atol=0)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")           # an asked-for preset is kept, without a word
+            default = _load("soft_tiny", path, preset="default", **small)
+            options = _load("soft_tiny", path, mixer_options={"preset": "default"}, **small)
+        assert {b.attn.preset for s in default.stages[:3] for b in s.blocks} == {"default"}
+        assert options.stages[0].blocks[0].attn.preset == "default"
+        assert (default(x) - official(x)).abs().max() > 1e-4
+        # a state dict already in vitmix's names is not an official file: built as asked
+        torch.save(official.state_dict(), path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert _load("soft_tiny", path, **small).stages[0].blocks[0].attn.preset == "default"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,10 +35,56 @@ def test_every_1d_mixer_classifies_and_trains(mixer):
     assert model.tokens.weight.grad.abs().sum() > 0 and model.pos_embed.grad.abs().sum() > 0
 
 
-def test_mixers_that_need_a_2d_grid_are_refused_naming_those_that_work():
-    assert "softmax" in sequence_mixers() and "soft" not in sequence_mixers()
-    with pytest.raises(ValueError, match="mixer 'soft' needs a 2-D token grid; .*: " + ", ".join(sequence_mixers())):
-        vitmix.create_model("seq_lra_tiny", mixer="soft", seq_len=16)
+def test_every_registered_mixer_works_on_1d():
+    assert sequence_mixers() == vitmix.mixers.list_mixers()
+
+
+def test_mixers_that_need_a_2d_grid_are_refused_naming_those_that_work(monkeypatch):
+    from vitmix.mixers import TokenMixer, registry
+
+    class ImageOnly(TokenMixer):
+        spatial = True
+        mixer_name = "image_only"
+
+    monkeypatch.setitem(registry._MIXERS, "image_only", ImageOnly)
+    assert "softmax" in sequence_mixers() and "image_only" not in sequence_mixers()
+    with pytest.raises(ValueError, match="mixer 'image_only' needs a 2-D token grid; .*: "
+                       + ", ".join(sequence_mixers())):
+        vitmix.create_model("seq_lra_tiny", mixer="image_only", seq_len=16)
+
+
+def test_weightformer_is_refused_as_an_image_model_in_one_line():
+    with pytest.raises(ValueError, match="'weightformer' is an image model .*weightformer_base.*not a token mixer: "
+                       "it works on a 2-D patch grid by design") as err:
+        vitmix.create_model("seq_lra_tiny", mixer="weightformer", seq_len=16)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="unknown mixer 'softmx'"):       # a typo still gets its close matches
+        vitmix.create_model("seq_lra_tiny", mixer="softmx", seq_len=16)
+
+
+@pytest.mark.parametrize("mixer", [m for m in sequence_mixers() if m != "linformer"])   # linformer: fixed N
+def test_a_padded_batch_with_its_mask_classifies_each_sample_as_alone(mixer):
+    """float64: logits of a right-padded batch with its mask equal each sample's unpadded logits."""
+    torch.manual_seed(0)
+    model = vitmix.create_model("seq_lra_tiny", mixer=mixer, seq_len=16, vocab_size=16, num_classes=3,
+                                drop_rate=0.0).double().eval()
+    lengths = (16, 9, 5)
+    ids = torch.randint(0, 16, (3, 16))
+    mask = torch.tensor(lengths)[:, None] > torch.arange(16)
+    with torch.no_grad():
+        padded = model(ids, mask=mask)
+        alone = torch.cat([model(ids[i:i + 1, :n]) for i, n in enumerate(lengths)])
+        unmasked = model(ids)
+    torch.testing.assert_close(padded, alone, rtol=0, atol=1e-10)
+    assert not torch.allclose(unmasked[1:], alone[1:])       # without the mask, the padding is read
+
+
+def test_a_bad_mask_is_a_one_line_error():
+    model = SequenceClassifier(seq_len=20, vocab_size=16)
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        model(torch.zeros(2, 8, dtype=torch.long), mask=torch.ones(2, 8))
+    with pytest.raises(ValueError, match="all padding"):
+        model(torch.zeros(2, 8, dtype=torch.long), mask=torch.zeros(2, 8, dtype=torch.bool))
 
 
 def test_bad_inputs_are_one_line_errors():
@@ -85,3 +131,16 @@ def test_a_few_steps_lower_the_loss_on_tiny_listops(tmp_path):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0], losses          # from chance (ln 10 = 2.30)
+
+
+@pytest.mark.parametrize("mixer", ["bigbird", "laplacian"])     # one run per valid length / masked in the batch
+def test_a_masked_batch_compiles(mixer):
+    """torch.compile of a masked forward: the per-length loop and the landmark counts read the data, so the graph
+    breaks there (BigBird's loop once failed inside dynamo) and the result is the eager one."""
+    torch.manual_seed(0)
+    model = vitmix.create_model("seq_lra_tiny", mixer=mixer, seq_len=32, vocab_size=16, num_classes=3,
+                                drop_rate=0.0).eval()
+    ids = torch.randint(0, 16, (3, 32))
+    mask = torch.tensor([32, 20, 7])[:, None] > torch.arange(32)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model)(ids, mask=mask), model(ids, mask=mask), rtol=1e-5, atol=1e-5)

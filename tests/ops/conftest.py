@@ -21,3 +21,26 @@ def calls(monkeypatch):
     spy(kernel_triton, "pair_grads", "grads")
     spy(newton_triton, "iterate", "newton")
     return counts
+
+
+#: what reads a tensor's value on the host (on a GPU each of these waits for the device)
+_HOST_READS = ("__bool__", "item", "__int__", "__float__", "__index__", "tolist")
+
+
+@pytest.fixture
+def no_host_reads():
+    """A context manager under which reading any tensor's value on the host raises ``AssertionError``."""
+    import contextlib
+
+    import torch
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a tensor was read on the host: a sync on a GPU, and CUDA graphs cannot capture it")
+
+    @contextlib.contextmanager
+    def guard():
+        with pytest.MonkeyPatch.context() as mp:
+            for name in _HOST_READS:
+                mp.setattr(torch.Tensor, name, refuse)
+            yield
+    return guard

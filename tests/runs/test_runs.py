@@ -106,7 +106,12 @@ def test_a_partial_set_is_reported_once_and_rewritten(tmp_path):
     save_manifest(tmp_path, parts, epoch=1, step=1, history=[{"epoch": 1}], files=("last.safetensors",))
     (tmp_path / "last.safetensors").write_bytes(b"half of epoch 2")   # killed while writing the next set
     (tmp_path / ".last.safetensors.abc.tmp").write_bytes(b"")
-    resume_run(tmp_path, parts, log=logged.append, rewrite=rewritten.append)
+
+    def rewrite(history):      # as a task does: the weights of the set's epoch, from the restored state
+        rewritten.append(history)
+        (tmp_path / "last.safetensors").write_bytes(b"epoch 1")
+
+    resume_run(tmp_path, parts, log=logged.append, rewrite=rewrite)
     assert rewritten == [[{"epoch": 1}]] and not list(tmp_path.glob(".*.tmp"))
     assert len(logged) == 2 and "1 temporary file(s)" in logged[0] and "partial checkpoint set" in logged[1]
     assert (tmp_path / "metrics.jsonl").read_text() == '{"epoch": 1}\n'

@@ -10,7 +10,7 @@ import torch
 from vitmix.cli import main
 from vitmix.data import build_datasets
 from vitmix.train import TrainConfig, train
-from vitmix.train.distributed import DistInfo
+from vitmix.runs.distributed import DistInfo
 from vitmix.train.runner import _summary_table, metrics_csv, world_loaders
 
 pytestmark = pytest.mark.usefixtures("one_thread")

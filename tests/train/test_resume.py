@@ -129,3 +129,64 @@ def test_cli_resume_reads_the_run_config(tmp_path, capsys):
     assert main(["train", "--out", str(out), "--resume", "--mixer", "laplacian"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--mixer 'laplacian' differs from the run's 'softmax'" in err[0]
+
+
+def _checkpoint_run(out, epochs=2, **extra):
+    cfg = TrainConfig(model="vit_nano_patch4_32", data="digits", img_size=16, batch_size=64, epochs=epochs,
+                      warmup_epochs=0, model_options={"depth": 1, "embed_dim": 32, "num_heads": 2},
+                      train_subset=128, out=str(out), **extra)
+    train(cfg, log=lambda *a: None)
+    return cfg
+
+
+def _resume_logs(cfg):
+    lines = []
+    cfg.resume = True
+    train(cfg, log=lines.append)
+    return " ".join(map(str, lines))
+
+
+def _intact(out):
+    from vitmix.runs import file_digest
+
+    return {name: file_digest(out / name) == digest for name, digest in load_state(out / "state.pt")["files"].items()}
+
+
+@pytest.mark.parametrize("keep_top_k", [1, 2])
+def test_resume_restores_a_truncated_best_from_the_set(tmp_path, capsys, keep_top_k):
+    """Regression (issue 44 item 3): resume said "ignoring the partial checkpoint set", exit 0, and
+    left best.safetensors truncated, so `vitmix eval RUN` then failed. Its weights are in the set
+    (last.safetensors of a best last epoch, or top/ with --keep-top-k)."""
+    from vitmix.cli import main
+
+    out = tmp_path / "run"
+    cfg = _checkpoint_run(out, epochs=1 if keep_top_k == 1 else 2, keep_top_k=keep_top_k, ema_decay=0.9)
+    for name in ("best.safetensors", "ema.safetensors", "metrics.csv"):
+        (out / name).write_bytes((out / name).read_bytes()[:100])
+    logs = _resume_logs(cfg)
+    assert "restored best.safetensors of epoch" in logs
+    assert all(_intact(out).values()), _intact(out)
+    assert main(["eval", str(out)]) == 0
+
+
+def test_resume_removes_a_best_whose_weights_are_lost(tmp_path, monkeypatch):
+    """Epoch 1 is the best (forced), epoch 2 the last, no top/ copies: a truncated best has no twin in
+    the set, so it is removed with a warning and eval falls back to last.safetensors."""
+    from vitmix.cli import main
+    from vitmix.train import runner
+
+    real, accuracy = runner._validate, iter([60.0, 40.0])
+
+    def validate(*args, **kwargs):
+        return dict(real(*args, **kwargs), val_acc=next(accuracy))
+
+    monkeypatch.setattr(runner, "_validate", validate)
+    out = tmp_path / "run"
+    cfg = _checkpoint_run(out)
+    monkeypatch.undo()
+    (out / "best.safetensors").write_bytes(b"")
+    logs = _resume_logs(cfg)
+    assert f"{out / 'best.safetensors'} was not the one of epoch 2's set and no other file holds its contents: " \
+           "removed it" in logs
+    assert not (out / "best.safetensors").exists()
+    assert main(["eval", str(out)]) == 0

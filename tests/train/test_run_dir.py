@@ -123,3 +123,19 @@ def test_a_resumed_run_after_a_nan_abort_forgets_the_abort(tmp_path, monkeypatch
     cfg.resume = True
     assert train(cfg, log=lambda *a: None)["epochs_run"] == 2
     assert not (out / "aborted.json").exists()
+
+
+@pytest.mark.parametrize("mixer", ["laplacian", "soft", "soft_norm"])
+def test_a_kernel_mixer_that_diverged_is_an_abort_the_retry_replaces(tmp_path, capsys, mixer):
+    """Regression (issue 44 item 1): a kernel mixer rejects the non-finite tokens of a diverged step
+    before the loss is computed; that error left no aborted.json, so the retry with a sane --lr was
+    refused ("already holds a run") and --resume could not change --lr."""
+    out = tmp_path / "run"
+    kernel = [*TINY[:TINY.index("--mixer")], "--mixer", mixer, *TINY[TINY.index("--mixer") + 2:],
+              "--model-option", "depth=2", "--batch-size", "32", "--epochs", "1", "--max-steps", "4"]
+    assert main(["train", *kernel, "--lr", "1e6", "--out", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert "the input x contains NaN or Inf" in line and "the retry may use the same --out" in line
+    assert "NaN or Inf" in json.loads((out / "aborted.json").read_text())["reason"]
+    assert main(["train", *kernel, "--lr", "0.003", "--out", str(out)]) == 0
+    assert TrainConfig.load(out / "config.yaml").lr == 0.003 and not (out / "aborted.json").exists()

@@ -218,6 +218,7 @@ def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
     from vitmix.ops._cbuild import CKernel
     from vitmix.ops.kernel import c as _l1
     from vitmix.ops.newton import c as _ns
+    from vitmix.mixers.fused import library as _layers
     from vitmix.ops.nystrom import c as _nystrom
 
     cfg = dict(TINY, mixer="laplacian", epochs=1, max_steps=3)
@@ -227,7 +228,7 @@ def test_laplacian_training_survives_a_failing_compiler(tmp_path, monkeypatch):
     monkeypatch.delenv("VITMIX_DISABLE_C_KERNEL")
     monkeypatch.setenv("CC", "/bin/false")
     monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path / "cache"))
-    assert {_l1.L1_KERNEL, _ns.NS_KERNEL, _nystrom.NYSTROM_KERNEL} <= set(CKernel.instances)
+    assert {_l1.L1_KERNEL, _ns.NS_KERNEL, _nystrom.NYSTROM_KERNEL, _layers.LAYERS_KERNEL} <= set(CKernel.instances)
     for kernel in CKernel.instances:      # a failing compiler fails every C kernel (training and evaluation)
         monkeypatch.setattr(kernel, "_lib", None)
         monkeypatch.setattr(kernel, "_tried", False)

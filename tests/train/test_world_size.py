@@ -9,7 +9,7 @@ import vitmix
 from vitmix.data import build_datasets
 from vitmix.data.sampling import GlobalBatchSampler, SeededSamples, rank_positions, sample_hash, sample_uniform
 from vitmix.train import TrainConfig
-from vitmix.train.distributed import DistInfo, KeyedDropPath, key_drop_path
+from vitmix.runs.distributed import DistInfo, KeyedDropPath, key_drop_path
 from vitmix.train.runner import world_loaders
 
 

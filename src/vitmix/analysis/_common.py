@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._util import close_matches, markdown_table, table_columns, write_csv
+from .._util import pyplot as _pyplot
 
 SOURCES = ("auto", "digits", "fashion-mnist")
 #: the IDX image files tried in order: the test split first (images no training run has seen)
@@ -243,13 +244,8 @@ def markdown_rows(rows: Sequence[dict], cols: Optional[Sequence[str]] = None) ->
 
 
 def pyplot():
-    """matplotlib's pyplot with the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    """matplotlib's pyplot with the Agg backend (no display needed); one-line error without the ``plot`` extra."""
+    return _pyplot("`vitmix analyze`")
 
 
 def save_figure(fig, out_dir: str, name: str) -> str:

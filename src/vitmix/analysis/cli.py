@@ -118,6 +118,7 @@ def _model_and_size(args):
 def run(args) -> int:
     """Entry point of ``vitmix analyze``."""
     from .._util import close_matches
+    from ..runs import check_output_dir
     from ._common import SOURCES
 
     if args.source not in SOURCES:
@@ -126,6 +127,8 @@ def run(args) -> int:
     model, img_size = _model_and_size(args)
     if args.images < 1 or img_size < 1:
         raise ValueError("--images and --img-size must be positive")
+    # several analyses may share one --out; a folder of other files is refused
+    check_output_dir(args.out, tuple(f"{a}.json" for a in ANALYSES), "vitmix analysis")
     common = dict(out=args.out, model=model, img_size=img_size, source=args.source, seed=args.seed,
                   checkpoint=args.checkpoint, command=_command() or None)
     name = args.analysis

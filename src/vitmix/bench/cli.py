@@ -36,7 +36,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--mixers", help="'all' or comma-separated mixer specs (one attention layer)")
-    what.add_argument("--models", help="comma-separated model names (whole models)")
+    what.add_argument("--models", help="comma-separated models (whole models); NAME:mixer=M[:key=value...] "
+                                       "puts mixer M (with those options) in the model, e.g. "
+                                       "deit_tiny_patch16_224:mixer=laplacian")
     what.add_argument("--spec", help="a YAML suite (e.g. benchmarks/specs/*.yaml): its cases and entries timed in "
                                      "alternating rounds, with per-round ratios (see vitmix.bench.suite)")
     p.add_argument("--tokens", type=_int_list, default=None,
@@ -71,8 +73,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="torch.compile backend for --compile (default inductor)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-results",
-                   help="results directory (default ./bench-results); {machine} in it becomes the machine's name, "
-                        "e.g. cpu-amd-epyc-2c-torch2.14, so that one machine's table never replaces another's")
+                   help="results directory (default ./bench-results): new, empty or an earlier bench's (a folder "
+                        "of other files is refused); {machine} in it becomes the machine's name, e.g. "
+                        "cpu-amd-epyc-2c-torch2.14, so that one machine's table never replaces another's")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -100,20 +103,25 @@ def config_from_args(args) -> BenchConfig:
 
 def run(args) -> int:
     """Entry point of ``vitmix bench``."""
-    from .env import machine_tag
-    from .report import summary_text, write_results
-    from .sweep import run_sweep
+    from ..runs import check_output_dir
+    from .env import environment, machine_tag
+    from .report import RESULTS_MARKER, summary_text, write_results
+    from .sweep import parse_device, run_sweep
 
     if args.spec:
         from .suite_cli import run_spec
 
         return run_spec(args)
     config = config_from_args(args)
+    out = args.out
+    if "{machine}" in out:           # the folder the results go to is the one checked
+        out = out.replace("{machine}", machine_tag(environment(parse_device(config.device))))
+    check_output_dir(out, (RESULTS_MARKER,), "vitmix bench results")     # before the sweep's minutes
     result = run_sweep(config, progress=not args.no_progress)
     argv = sys.argv[1:]
     command = ("vitmix " + " ".join(shlex.quote(a) for a in argv) if argv and argv[0] == "bench"
                else "vitmix bench " + _reconstruct(args))
-    paths = write_results(result, args.out.replace("{machine}", machine_tag(result.environment)), command=command)
+    paths = write_results(result, out, command=command)
     print(summary_text(result))
     print()
     for note in result.notes:

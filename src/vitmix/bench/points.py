@@ -15,7 +15,7 @@ from .config import BenchConfig, Target
 from .flops import analytic_flops, count_flops
 from .memory import peak_memory
 from .paired import paired_ratio
-from .targets import DTYPES, parse_mixer_spec
+from .targets import DTYPES, model_kwargs, parse_mixer_spec
 from .timing import time_call
 
 
@@ -67,21 +67,21 @@ def _build_mixer(target: Target, n: int, config: BenchConfig, device) -> _Point:
     return _Point(module, x, module, n, config.batch * n, "tokens/s")
 
 
-def _model_at(name: str, size: int) -> torch.nn.Module:
-    """Model ``name`` built for ``size``² images; a model without an ``img_size`` option (no position table
-    to size, e.g. timm's ``pvt_v2_*``) takes any image size as built."""
+def _model_at(name: str, size: int, **kwargs) -> torch.nn.Module:
+    """Model ``name`` (with ``kwargs``, e.g. ``mixer=``) built for ``size``² images; a model without an
+    ``img_size`` option (no position table to size, e.g. timm's ``pvt_v2_*``) takes any image size as built."""
     from ..models import create_model
 
     try:
-        return create_model(name, img_size=size)
+        return create_model(name, img_size=size, **kwargs)
     except ValueError as err:
         if "unexpected keyword argument 'img_size'" not in str(err):
             raise
-    return create_model(name)
+    return create_model(name, **kwargs)
 
 
 def _build_model(target: Target, size: int, config: BenchConfig, device) -> _Point:
-    model = _model_at(target.name, size)
+    model = _model_at(target.name, size, **model_kwargs(target))
     embed = getattr(model, "patch_embed", None)
     in_chans = 3
     proj = getattr(embed, "proj", None)

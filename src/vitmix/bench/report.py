@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .._util import markdown_table as _markdown, write_csv
+from .._util import MissingExtra, markdown_table as _markdown, pyplot, write_csv
 from .config import BenchConfig, SweepResult
 
 COLUMNS = [
@@ -165,10 +166,7 @@ def slope_table(rows: List[dict], kind: str) -> Dict[Tuple[str, str, str], Optio
 
 def plot(rows: List[dict], kind: str, metric: str, path: str, title: str) -> Optional[str]:
     """One log–log figure, a panel per pass, one line per mixer/model with its fitted slope."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("the benchmark report's plots")
 
     series = _series(rows, metric)
     if not series:
@@ -214,10 +212,7 @@ def loglog_panels(rows: List[dict], series: str, names: Sequence[str], x: str, x
 
     For one-off studies (``benchmarks/*.py``) whose rows are not a sweep's.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("the study's plot")
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for name in names:
@@ -247,6 +242,10 @@ def load_results(path: str) -> Tuple[SweepResult, Optional[str]]:
     return result, payload.get("command")
 
 
+#: The file that marks a folder as ``vitmix bench`` output, which a later bench may refresh.
+RESULTS_MARKER = "results.json"
+
+
 def write_results(result: SweepResult, out_dir: str, command: Optional[str] = None) -> List[str]:
     """Write CSV, JSON, markdown and plots of ``result`` into ``out_dir``; return the paths."""
     os.makedirs(out_dir, exist_ok=True)
@@ -254,7 +253,7 @@ def write_results(result: SweepResult, out_dir: str, command: Optional[str] = No
     kind = "mixer" if result.config.kind == "mixers" else "model"
     paths = []
     paths.append(write_csv(os.path.join(out_dir, "results.csv"), rows, columns(result.config)))
-    json_path = os.path.join(out_dir, "results.json")
+    json_path = os.path.join(out_dir, RESULTS_MARKER)
     payload = result.to_dict()
     payload["command"] = command
     with open(json_path, "w") as fh:
@@ -262,11 +261,14 @@ def write_results(result: SweepResult, out_dir: str, command: Optional[str] = No
     paths.append(json_path)
     plots = []
     what = "one mixer layer" if kind == "mixer" else "whole model"
-    for metric, fname in (("median_ms", "time.png"), ("peak_mib", "memory.png")):
-        label = "time" if metric == "median_ms" else "peak memory"
-        p = plot(rows, kind, metric, os.path.join(out_dir, fname), f"{label}, {what}")
-        if p:
-            plots.append(p)
+    try:
+        for metric, fname in (("median_ms", "time.png"), ("peak_mib", "memory.png")):
+            label = "time" if metric == "median_ms" else "peak memory"
+            p = plot(rows, kind, metric, os.path.join(out_dir, fname), f"{label}, {what}")
+            if p:
+                plots.append(p)
+    except MissingExtra as err:        # the measurements are the result; the plots need the `plot` extra
+        warnings.warn(f"{err}; the results are written without their plots", UserWarning, stacklevel=2)
     md_path = os.path.join(out_dir, "results.md")
     with open(md_path, "w") as fh:
         fh.write(markdown_report(result, command, [os.path.basename(p) for p in plots]))

@@ -17,7 +17,10 @@ SWEEP_ONLY = {"tokens": None, "sizes": None, "compile": False, "batch": BenchCon
 
 def run_spec(args) -> int:
     """Check the file, run it on ``--device`` (``--threads`` overrides the file's), write to ``--out``."""
-    from .env import machine_tag
+    from ..runs import check_output_dir
+    from ..runs.device import parse_device
+    from .env import environment, machine_tag
+    from .report import RESULTS_MARKER
     from .suite import load_spec, run_suite
     from .suite_report import write_suite
 
@@ -27,13 +30,17 @@ def run_spec(args) -> int:
         raise ValueError(f"{flag} is for --mixers/--models sweeps; a --spec suite sets it in the file (copy the "
                          "file to change it)")
     spec = load_spec(args.spec)
+    out = args.out
+    if "{machine}" in out:           # the folder the results go to is the one checked
+        out = out.replace("{machine}", machine_tag(environment(parse_device(args.device))))
+    check_output_dir(out, (RESULTS_MARKER,), "vitmix bench results")     # before the suite's minutes
     if args.threads:
         spec["threads"] = args.threads
     result = run_suite(spec, args.device, log=print if not args.no_progress else (lambda _line: None))
     argv = sys.argv[1:]
     command = ("vitmix " + " ".join(shlex.quote(a) for a in argv) if argv and argv[0] == "bench"
                else f"vitmix bench --spec {shlex.quote(args.spec)} --out {shlex.quote(args.out)}")
-    paths = write_suite(result, args.out.replace("{machine}", machine_tag(result["environment"])), command)
+    paths = write_suite(result, out, command)
     print("wrote", ", ".join(paths))
     return 0
 

@@ -44,9 +44,41 @@ def parse_mixer_spec(spec: str) -> Target:
     return Target(label=":".join(parts), name=parts[0], options=options)
 
 
+def parse_model_spec(spec: str) -> Target:
+    """``"deit_tiny_patch16_224:mixer=laplacian:landmark_stride=2"`` → ``Target(label,
+    "deit_tiny_patch16_224", {"mixer": "laplacian", "landmark_stride": 2})``: the model with ``mixer``
+    in its blocks and the other keys as that mixer's options (the model's own mixer without ``mixer=``)."""
+    target = parse_mixer_spec(spec)
+    mixer = target.options.get("mixer")
+    if mixer is None and target.options:
+        raise ValueError(f"--models {spec!r}: mixer options need the mixer they are for "
+                         f"({target.name}:mixer=NAME:key=value)")
+    return target
+
+
+def _check_mixer_options(mixer: str, options: dict) -> str:
+    """The registered name of ``mixer``; an unknown mixer or option is a ``ValueError`` with close matches."""
+    from ..mixers import get_mixer_class
+
+    cls = get_mixer_class(mixer)  # ValueError with close matches
+    valid = cls.option_names()
+    for key in options:
+        if key not in valid:
+            raise ValueError(f"mixer {cls.mixer_name!r} has no option {key!r}."
+                             + close_matches(key, valid) + f" Options: {', '.join(valid)}")
+    return cls.mixer_name
+
+
+def model_kwargs(target: Target) -> dict:
+    """``create_model`` arguments of a ``--models`` target: its mixer and the mixer's options."""
+    options = dict(target.options)
+    mixer = options.pop("mixer", None)
+    return dict(mixer=mixer, mixer_options=options or None) if mixer is not None else {}
+
+
 def resolve_targets(config: BenchConfig) -> List[Target]:
     """Validate the names (``ValueError`` with close matches) and add the softmax baseline."""
-    from ..mixers import get_mixer_class, list_mixers
+    from ..mixers import list_mixers
 
     names = [n.strip() for n in config.names if n.strip()]
     if not names:
@@ -58,13 +90,7 @@ def resolve_targets(config: BenchConfig) -> List[Target]:
             names = names[:i] + [m for m in list_mixers() if m not in names] + names[i + 1:]
         for spec in names:
             target = parse_mixer_spec(spec)
-            cls = get_mixer_class(target.name)  # ValueError with close matches
-            target.name = cls.mixer_name
-            valid = cls.option_names()
-            for key in target.options:
-                if key not in valid:
-                    raise ValueError(f"mixer {target.name!r} has no option {key!r}."
-                                     + close_matches(key, valid) + f" Options: {', '.join(valid)}")
+            target.name = _check_mixer_options(target.name, target.options)
             targets.append(target)
         if not any(t.name == "softmax" and not t.options for t in targets):
             targets.insert(0, Target("softmax", "softmax", {}, baseline=True))
@@ -77,12 +103,17 @@ def resolve_targets(config: BenchConfig) -> List[Target]:
         known = set(list_models())
         import timm
 
-        for name in names + [config.baseline_model]:
+        specs = [parse_model_spec(spec) for spec in names]
+        for name in [t.name for t in specs] + [config.baseline_model]:
             if name not in known and not timm.is_model(name):
                 raise ValueError(f"unknown model {name!r}." + close_matches(name, sorted(known), n=5)
                                  + " See `vitmix models` for the list.")
-        for name in names:
-            targets.append(Target(name, name, {}, baseline=name == config.baseline_model))
+        for target in specs:
+            kwargs = model_kwargs(target)
+            if kwargs:
+                _check_mixer_options(kwargs["mixer"], kwargs["mixer_options"] or {})
+            target.baseline = target.name == config.baseline_model and not target.options
+            targets.append(target)
         if not any(t.baseline for t in targets):
             targets.insert(0, Target(config.baseline_model, config.baseline_model, {}, baseline=True))
     else:

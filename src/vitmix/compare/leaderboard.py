@@ -6,18 +6,23 @@ writes them to ``result.json``) and aggregates them with :func:`vitmix.compare.a
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-import matplotlib
+from .._util import MissingExtra, markdown_table, pyplot, write_csv
+from ..runs import save_text
+from .aggregate import MEAN_KEYS, NOISE_P, aggregate, mark_noise, mean_curve
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .._util import markdown_table, write_csv  # noqa: E402
-from ..runs import save_text  # noqa: E402
-from .aggregate import MEAN_KEYS, NOISE_P, aggregate, mark_noise, mean_curve  # noqa: E402
+def _plt():
+    return pyplot("the comparison's plots")
+
+
+def _integer_ticks(axis) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 # (key in a row, column title, format); "n" and "vs #1" appear with several seeds, the corruption
 # column only when measured.
@@ -142,7 +147,7 @@ def write_runs_csv(rows: Sequence[dict], path: Path) -> Path:
 def _colors(rows: Sequence[dict]) -> dict:
     """One distinct colour per entry, the same in every plot (tab10 up to 10 entries, else tab20)."""
     size = 10 if len(rows) <= 10 else 20
-    cmap = plt.get_cmap(f"tab{size}")
+    cmap = _plt().get_cmap(f"tab{size}")
     return {r["entry"]: cmap(i % size) for i, r in enumerate(rows)}
 
 
@@ -153,7 +158,7 @@ def _ok_runs(row: dict) -> List[dict]:
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _plt().close(fig)
     return path
 
 
@@ -163,7 +168,7 @@ def plot_accuracy_vs_throughput(rows: Sequence[dict], path: Path) -> Optional[Pa
     ok = [r for r in entries if r["status"] == "ok"]
     if not ok:
         return None
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = _plt().subplots(figsize=(7, 5))
     colors = _colors(entries)
     for r in ok:
         color = colors[r["entry"]]
@@ -188,7 +193,7 @@ def plot_loss_curves(rows: Sequence[dict], path: Path) -> Optional[Path]:
     ok = [r for r in entries if r["status"] == "ok"]
     if not ok:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = _plt().subplots(1, 3, figsize=(15, 4.5))
     colors = _colors(entries)
     for key, ax, title in zip(("train_loss", "val_loss", "val_acc"), axes,
                               ("training loss", "validation loss", "validation top-1 (%)")):
@@ -197,7 +202,7 @@ def plot_loss_curves(rows: Sequence[dict], path: Path) -> Optional[Path]:
             ax.errorbar(xs, means, yerr=stds if any(stds) else None, fmt="o-", ms=3, capsize=2, label=r["entry"],
                         color=colors[r["entry"]])
         ax.set(xlabel="epoch", title=title)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     return _save(fig, path)
@@ -210,7 +215,7 @@ def plot_learning_curves(rows: Sequence[dict], path: Path) -> Optional[Path]:
     ok = [r for r in entries if r["status"] == "ok" and any(x.get("learning") for x in _ok_runs(r))]
     if not ok:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, axes = _plt().subplots(1, 2, figsize=(13, 4.8))
     colors = _colors(entries)
     for ax, x_key, label in zip(axes, ("images", "flops"),
                                 ("training images seen", "training FLOPs (3 × forward per image)")):
@@ -280,9 +285,12 @@ def write_leaderboard(rows: Sequence[dict], out, base=None, environment: Optiona
                                     "seeds": None if seeds is None else list(seeds), "noise_p": NOISE_P,
                                     "rows": ranked(rows)}, indent=2))
     write_runs_csv(rows, paths[3])
-    for plot, name in ((plot_accuracy_vs_throughput, "accuracy_vs_throughput.png"),
-                       (plot_loss_curves, "loss_curves.png"), (plot_learning_curves, "learning_curves.png")):
-        written = plot(rows, out / name)
-        if written is not None:
-            paths.append(written)
+    try:
+        for plot, name in ((plot_accuracy_vs_throughput, "accuracy_vs_throughput.png"),
+                           (plot_loss_curves, "loss_curves.png"), (plot_learning_curves, "learning_curves.png")):
+            written = plot(rows, out / name)
+            if written is not None:
+                paths.append(written)
+    except MissingExtra as err:        # the tables are the result; the plots need the `plot` extra
+        warnings.warn(f"{err}; the leaderboard is written without its plots", UserWarning, stacklevel=2)
     return paths

@@ -9,6 +9,7 @@ Layout of a comparison directory ``OUT``::
     .../result.json           what the leaderboard shows for that run, written once it is trained and measured
     OUT/leaderboard.{md,csv,json}, runs.csv, accuracy_vs_throughput.png, loss_curves.png, learning_curves.png
 
+``OUT`` is new, empty or an earlier comparison (``compare.yaml``): a folder of other files is refused.
 A run with a ``result.json`` for the same recipe and budget is read back, not retrained; one with a
 checkpoint resumes; one that failed (or whose directory is corrupt) is retried and, if it fails
 again, becomes a failed run of its entry (the entry's other seeds are still reported).
@@ -29,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._util import plural
-from ..runs import load_model, save_text
+from ..runs import check_output_dir, load_model, save_text
 from ..train.config import TrainConfig
 from ..train.runner import RESUME_MAY_CHANGE, train
 from .budget import (
@@ -450,6 +451,7 @@ def run_compare(base: TrainConfig, mixers: Sequence[str] = (), models: Sequence[
     from .leaderboard import ranked, write_leaderboard
 
     out, budget = Path(out), budget if isinstance(budget, Budget) else parse_budget(budget)
+    check_output_dir(out, (MANIFEST,), "vitmix comparison")
     entries = plan_entries(base, mixers, models, out)
     check_manifest(out, base, seeds, budget)
     train_images, data_info = check_data(base)

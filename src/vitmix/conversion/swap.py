@@ -217,7 +217,7 @@ def convert(model: Source, mixer: str, *, inplace: bool = False, **mixer_options
     return student
 
 
-def _shape_mismatch(err: RuntimeError) -> str:
+def load_error(err: RuntimeError) -> str:
     """The first ``size mismatch`` / missing / unexpected key of torch's multi-line load error, on one line."""
     text = str(err)
     found = re.search(r"size mismatch for ([^:]+): copying a param with shape (torch\.Size\(\[[^\]]*\]\)) from "
@@ -246,5 +246,5 @@ def load_timm_checkpoint(name: str, file: Union[str, "os.PathLike[str]"], **mode
     try:
         return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), **model_kwargs)
     except RuntimeError as err:
-        raise ValueError(f"{path} does not match {name}: {_shape_mismatch(err)}; build the model the "
+        raise ValueError(f"{path} does not match {name}: {load_error(err)}; build the model the "
                          f"checkpoint was trained as (num_classes, img_size, ...)") from None

@@ -4,7 +4,7 @@ and the validation shards.
 A training step sees one *global batch* (``world_size × batch_size`` images of one seeded
 permutation of the epoch). Every random draw about one image is derived from ``(seed, epoch,
 sample index)`` alone (:func:`sample_hash`): its augmentation (:class:`SeededSamples`) and its
-drop-path decisions (``vitmix.train.distributed.key_drop_path``). So a run on 2 ranks × 32 images
+drop-path decisions (``vitmix.runs.distributed.key_drop_path``). So a run on 2 ranks × 32 images
 draws exactly what one process × 64 draws, image by image. :class:`GlobalBatchSampler` gives each
 rank its part of the global batch in an order that keeps timm's ``Mixup`` pairs (image ``i`` with
 image ``G - 1 - i`` of the global batch) on one rank.

@@ -32,8 +32,7 @@ import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from .._util import cache_dir, close_matches
-from ..runs.checkpoints import atomic_write
+from .._util import atomic_write, cache_dir, close_matches
 from . import listops, pathfinder
 from .datasets import FASHION_MNIST_CLASSES, SEQUENCE_DATASETS, _fashion_mnist, dataset_key
 

@@ -77,6 +77,17 @@ def run_eval(args) -> int:
                        getattr(args, "val_scenes", None), args.results_file)
 
 
+def eval_dense(args, checkpoint: str) -> int:
+    """``vitmix eval`` of a dense checkpoint (``runs/tasks.py`` routes it here): the classifier-only
+    flags are refused, the rest mean what they mean for ``vitmix dense eval``."""
+    given = [flag for flag in ("corruptions", "severities", "seed", "out", "data") if getattr(args, flag) is not None]
+    if given:
+        raise ValueError(f"--{given[0]} is for classifiers; {checkpoint} is a `vitmix dense` run "
+                         "(see `vitmix dense eval --help`)")
+    return report_eval(checkpoint, args.data_dir, args.batch_size, args.device, args.amp,
+                       results_file=args.results_file)
+
+
 def report_eval(checkpoint, data_dir, batch_size, device, amp, val_scenes=None, results_file=None) -> int:
     """Evaluate a dense checkpoint, print one line, optionally write JSON (``vitmix eval`` shares this)."""
     from pathlib import Path
@@ -85,6 +96,9 @@ def report_eval(checkpoint, data_dir, batch_size, device, amp, val_scenes=None, 
 
     if batch_size <= 0:
         raise ValueError(f"--batch-size {batch_size} must be a positive integer")
+    if results_file is not None and Path(results_file).is_dir():
+        raise ValueError(f"--results-file {results_file} is a directory; give a file name such as "
+                         f"{Path(results_file) / 'results.json'}")
     if results_file is not None and not Path(results_file).parent.is_dir():
         raise FileNotFoundError(f"--results-file {results_file}: the folder {Path(results_file).parent} does not exist")
     result = evaluate_dense(checkpoint, data_dir, batch_size, device, amp, val_scenes)

@@ -172,7 +172,7 @@ def _loss(model, batch, task: str, device, cfg: DenseConfig) -> torch.Tensor:
 
 def _train_epoch(model, optimizer, scheduler, loader, cfg: DenseConfig, epoch: int, step: int, device, dist_info
                  ) -> Tuple[dict, int]:
-    from ..train.distributed import all_reduce_sum
+    from ..runs.distributed import all_reduce_sum
 
     model.train()
     total, seen, t0 = 0.0, 0, time.perf_counter()
@@ -318,7 +318,7 @@ def train_dense(cfg: DenseConfig, log=print) -> dict:
     """Train a segmentation or detection model (``cfg.task``) on ``cfg.data``; returns the summary.
 
     Bad input (model, numbers, data, run directory) fails before anything is written."""
-    from ..train.distributed import cleanup, init_distributed
+    from ..runs.distributed import cleanup, init_distributed
 
     check_model(cfg.model)
     check_dependencies(cfg.task)
@@ -336,7 +336,7 @@ def train_dense(cfg: DenseConfig, log=print) -> dict:
 def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, log) -> dict:
     import torch.distributed as dist
 
-    from ..train.runner import resuming_line
+    from ..runs import resuming_line
 
     device = dist_info.device
     torch.manual_seed(cfg.seed)
@@ -352,6 +352,8 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
         start, step, history = done.epoch, done.step, done.history
         log(resuming_line(run_dir, start, step))
         best = done.state.get("best_score", best)
+        if "percent" not in done.state:       # a run saved while PERCENT scores were fractions: one unit throughout
+            history, best = _fractions_to_percent(history, best, cfg.task)
     if dist_info.is_main:
         save_run_config(run_dir, cfg, f"num_classes={num_classes}")
     net = model
@@ -390,7 +392,7 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
                 save_weights(model, run_dir / "best.safetensors", dict(meta, best_score=score))
             save_metrics(run_dir, history)
             save_manifest(run_dir, Trainable(model, optimizer), epoch + 1, step, history, CHECKPOINT_FILES,
-                          best_score=best)
+                          best_score=best, percent=PERCENT)
             log(_epoch_line(cfg, metrics))
         else:
             history.append(metrics)
@@ -408,6 +410,12 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
         log(f"done: {plural(len(history), 'epoch')}, {plural(step, 'step')} in {summary['train_seconds']:.0f} s; "
             + (_scores(summary["final"]) if history else "no epoch trained") + f"; run dir {run_dir}")
     return summary
+
+
+def _fractions_to_percent(history: list, best: float, task: str):
+    """``history`` and ``best`` of a run saved before the :data:`PERCENT` scores were percentages, rescaled."""
+    history = [{k: v * 100 if k in PERCENT else v for k, v in h.items()} for h in history]
+    return history, best * 100 if SCORE[task] in PERCENT and math.isfinite(best) else best
 
 
 _REPORTED = ("mIoU", "pixel_accuracy", "box_AP", "box_AP50", "box_AP75", "mask_AP", "mask_AP50", "mask_AP75",
@@ -436,15 +444,6 @@ def _rewrite_weights(run_dir: Path, model, meta: dict) -> None:
 # ----------------------------------------------------------------------------------------------
 # checkpoints
 # ----------------------------------------------------------------------------------------------
-def is_dense_checkpoint(checkpoint) -> bool:
-    """Whether a checkpoint file or run directory is a ``vitmix dense`` one (read from its metadata)."""
-    try:
-        path = resolve_checkpoint(checkpoint, BEST_FIRST)
-        return path.suffix == ".safetensors" and load_weights(path)[1].get("task") in META_TASK.values()
-    except (FileNotFoundError, ValueError):
-        return False
-
-
 def load_dense(checkpoint, device: Optional[str] = None):
     """``(model, meta, path)`` of a ``vitmix dense train`` checkpoint file or run directory (its best)."""
     from ..runs import parse_device

@@ -5,8 +5,9 @@
 >>> mixers.list_mixers()            # doctest: +SKIP
 >>> Attn = mixers.timm_attn("softmax", fused=False)   # a class for timm's attn_layer=
 """
-from .base import TokenMixer, infer_grid, number_layers, resolve_grid, set_token_grid
+from .base import NonFiniteInputError, TokenMixer, infer_grid, number_layers, resolve_grid, set_token_grid
 from .registry import create, get_mixer_class, list_mixers, register_mixer, timm_attn
+from .sequence import SequenceGrid
 
 # Importing a method's module registers its mixers.
 from . import softmax  # noqa: F401,E402
@@ -16,6 +17,7 @@ from . import linear, nystromformer, performer  # noqa: F401,E402  (baselines)
 from . import bigbird, linformer, longformer, topk  # noqa: F401,E402  (sparse and low-rank baselines)
 
 __all__ = [
-    "TokenMixer", "create", "get_mixer_class", "infer_grid", "list_mixers", "number_layers", "register_mixer",
-    "resolve_grid", "set_token_grid", "timm_attn",
+    "NonFiniteInputError", "SequenceGrid", "TokenMixer", "create", "get_mixer_class", "infer_grid", "list_mixers",
+    "number_layers",
+    "register_mixer", "resolve_grid", "set_token_grid", "timm_attn",
 ]

@@ -49,6 +49,8 @@ class PrefixOnlyGrid:
 
     def _map_grid(self, x: torch.Tensor, hw, num_prefix_tokens):
         """The resolved grid of ``attention_map``'s input (any length when only a prefix count is known)."""
+        if self.sequence:
+            return self.token_grid(x.shape[1], hw, num_prefix_tokens)
         hw, prefix = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
         return self.token_grid(x.shape[1], hw, prefix)
 
@@ -58,11 +60,14 @@ class PrefixOnlyGrid:
         return (prefix, x.shape[1] - prefix, *self._qkv(x))
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
-                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
-        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works."""
-        if x.dim() == 3:
+                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None,
+                **options) -> torch.Tensor:
+        """``(B, N, C) -> (B, N, C)``; with ``num_prefix_tokens`` and no grid, any length works (a 1-D
+        sequence, ``sequence=True``, needs neither)."""
+        sequence = options.get("sequence")
+        if x.dim() == 3 and not (self.sequence if sequence is None else sequence):
             hw, num_prefix_tokens = prefix_only_grid(self, x.shape[1], hw, num_prefix_tokens)
-        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
+        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens, **options)
 
 
 T = TypeVar("T")

@@ -13,6 +13,13 @@ of one CLS token when it was told none (``N = P + S*S``); anything else is a one
 saying to pass ``hw`` / call :func:`set_token_grid` (a non-square grid, registers or no CLS token
 cannot be guessed from N). With ``hw`` and no prefix count, ``N - H*W`` must be 0 or 1 (timm's
 layouts without registers).
+
+1-D sequences (text, bytes, audio frames): told ``sequence=True`` (at construction, per call, or by
+:func:`set_token_grid`), a mixer reads ``(B, N, C)`` as prefix tokens (0 unless told) followed by a sequence
+of any length, and each mixer states what it does there in :attr:`TokenMixer.on_sequence`. A key-padding
+``mask=(B, N)`` (bool, ``True`` on real tokens, right padding) makes the outputs on a padded batch's real
+tokens equal to those of each sample run alone; padded positions come out as zeros
+(:mod:`vitmix.mixers.sequence`).
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from torch import nn
 
 from .._util import close_matches  # also imported from here by the mixers
 from .options import norm_layer_class
+from .sequence import SequenceGrid, check_padding_mask
 
 # Keyword arguments that some timm versions pass to ``attn_layer`` and that mixers may ignore.
 _TIMM_EXTRA_KWARGS = frozenset({"depth", "device", "dtype", "attn_head_dim", "dim_out", "gated"})
@@ -89,6 +97,12 @@ def resolve_grid(
     return prefix, h, w
 
 
+class NonFiniteInputError(ValueError, FloatingPointError):
+    """A kernel mixer's input holds NaN or Inf (see ``TokenMixer.rejects_non_finite``). A ``ValueError``
+    to whoever calls the layer on bad data; a ``FloatingPointError`` to a training loop, where it means
+    the run diverged, like a non-finite loss, and takes the same abort path (``aborted.json``)."""
+
+
 class TimmOptions(NamedTuple):
     """timm ``Attention``'s options, as one mixer received them (``TokenMixer.timm_options``)."""
 
@@ -117,7 +131,9 @@ class TokenMixer(nn.Module):
             a mixer that cannot honour one ignores it only when it is at its default.
         hw: explicit token grid ``(H, W)``; inferred as a square when ``None`` (see the module docstring).
         num_prefix_tokens: CLS/register tokens before the grid; when ``None``, timm's default of one CLS
-            token for an inferred square grid, 0 or 1 with ``hw``.
+            token for an inferred square grid, 0 or 1 with ``hw`` (0 on a sequence).
+        sequence: read the tokens as a 1-D sequence of any length, not an image grid (``hw`` is then unused;
+            :attr:`on_sequence` says what the mixer does there).
     """
 
     #: mixers that read the token grid set this to True (informational; used in docs and tests)
@@ -126,8 +142,8 @@ class TokenMixer(nn.Module):
     supports_attn_mask: bool = False
     #: cost in the number of tokens N with the default options: "linear", "n log n" or "quadratic"
     complexity: str = "quadratic"
-    #: kernel mixers (inverses, normalisers) reject NaN/Inf inputs with a ``ValueError`` instead of
-    #: propagating them into an iteration that would hide where they came from
+    #: kernel mixers (inverses, normalisers) reject NaN/Inf inputs with a :class:`NonFiniteInputError`
+    #: instead of propagating them into an iteration that would hide where they came from
     rejects_non_finite: bool = False
     #: True while the layer's parameters still wait for a token grid it has not been told (Linformer's
     #: E/F, sized by N); ``vitmix.create_model`` then runs one forward at the model's input size
@@ -138,6 +154,13 @@ class TokenMixer(nn.Module):
     #: options ``vitmix bench`` builds one layer of this mixer with in a token sweep, unless the spec
     #: sets them (read-only; a subclass assigns its own dict)
     bench_options: Mapping[str, object] = MappingProxyType({})
+    #: what the mixer does on a 1-D sequence (``sequence=True``; ``vitmix mixers`` shows it); ``None``: a
+    #: spatial mixer that needs an image grid (refused on sequences), or a non-spatial one that reads no grid
+    on_sequence: Optional[str] = None
+    #: how a key-padding ``mask`` is honoured: ``"masked"`` (within the batch: ``mix`` receives ``mask=`` and
+    #: leaves padded keys out of every sum, landmark and normaliser), ``"by_length"`` (the mixer's pattern is
+    #: a function of N, so each valid length is mixed on its own, unpadded) or ``None`` (refused)
+    padding_mask: Optional[str] = None
 
     def __init__(
         self,
@@ -153,6 +176,7 @@ class TokenMixer(nn.Module):
         *,
         hw: Optional[Tuple[int, int]] = None,
         num_prefix_tokens: Optional[int] = None,
+        sequence: bool = False,
         **timm_kwargs,
     ) -> None:
         super().__init__()
@@ -170,6 +194,9 @@ class TokenMixer(nn.Module):
         self.head_dim = dim // num_heads
         self.hw = tuple(hw) if hw is not None else None
         self.num_prefix_tokens = num_prefix_tokens
+        self.sequence = bool(sequence)
+        if self.sequence:
+            self.sequence_support()      # a mixer that needs an image grid says so at construction
         # timm's attention options, taken once here: subclasses read them instead of repeating the signature
         self.timm_options = TimmOptions(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop,
                                         norm_layer_class(norm_layer))
@@ -194,6 +221,19 @@ class TokenMixer(nn.Module):
         stride there is ``stride``; mixers without landmarks need none."""
         return {}
 
+    @classmethod
+    def sequence_support(cls, refuse: bool = True) -> Optional[str]:
+        """What the mixer does on a 1-D sequence (one line); for one that needs an image grid, a one-line
+        ``ValueError`` (``refuse=False``: ``None``)."""
+        if cls.on_sequence is not None:
+            return cls.on_sequence
+        if not cls.spatial:
+            return "as on images (it reads no token grid)"
+        if refuse:
+            raise ValueError(f"{cls.__name__} works on image token grids only and cannot mix a 1-D sequence; pick "
+                             f"a mixer whose `vitmix mixers` entry has a 1-D behaviour")
+        return None
+
     def set_grid(self, hw: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int] = None) -> None:
         """Fix the token grid used when ``forward`` is not given one."""
         self.hw = tuple(hw) if hw is not None else None
@@ -207,7 +247,11 @@ class TokenMixer(nn.Module):
         *,
         hw: Optional[Tuple[int, int]] = None,
         num_prefix_tokens: Optional[int] = None,
+        mask: Optional[torch.Tensor] = None,
+        sequence: Optional[bool] = None,
     ) -> torch.Tensor:
+        """``(B, N, C) -> (B, N, C)``. ``hw``/``num_prefix_tokens``/``sequence`` override the layout set on
+        the mixer for this call; ``mask`` is a key-padding mask (see the module docstring)."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(
                 f"{type(self).__name__} expects x of shape (B, N, {self.dim}), got {tuple(x.shape)}"
@@ -215,26 +259,73 @@ class TokenMixer(nn.Module):
         # one reduction, no (B, N, C) boolean tensor: a NaN/Inf anywhere makes the float32 sum non-finite
         if (self.rejects_non_finite and not torch.compiler.is_compiling()
                 and not bool(torch.isfinite(x.sum(dtype=torch.float32)))):
-            raise ValueError(f"{type(self).__name__}: the input x contains NaN or Inf values; check the layers "
-                             f"before it (a diverged training step, a bad learning rate or an fp16 overflow)")
+            raise NonFiniteInputError(f"{type(self).__name__}: the input x contains NaN or Inf values; check the "
+                                      "layers before it (a diverged training step, a bad learning rate or an fp16 "
+                                      "overflow)")
         if (attn_mask is not None or is_causal) and not self.supports_attn_mask:
             raise ValueError(
                 f"{type(self).__name__} does not support attn_mask/is_causal; use the 'softmax' mixer"
             )
-        grid = self.token_grid(x.shape[1], hw, num_prefix_tokens) if self.spatial else None
-        return self.mix(x, grid=grid, attn_mask=attn_mask, is_causal=is_causal)
+        seq = self.sequence if sequence is None else bool(sequence)
+        if seq:
+            self.sequence_support()
+        grid = self.token_grid(x.shape[1], hw, num_prefix_tokens, sequence=seq) if self.spatial else None
+        if mask is None:
+            return self.mix(x, grid=grid, attn_mask=attn_mask, is_causal=is_causal)
+        lengths = self._check_mask(mask, x, grid)
+        if self.padding_mask == "by_length":
+            out = self._mix_by_length(x, grid, lengths)
+        else:
+            out = self.mix(x, grid=grid, attn_mask=attn_mask, is_causal=is_causal, mask=mask)
+        return out.masked_fill(~mask[..., None], 0)
+
+    def _check_mask(self, mask: torch.Tensor, x: torch.Tensor, grid) -> torch.Tensor:
+        """The valid length of each sample; one-line errors for a mask this mixer cannot take."""
+        name = type(self).__name__
+        if self.padding_mask is None:
+            raise ValueError(f"{name} cannot take a key-padding mask; run the samples unpadded, or pick a mixer "
+                             f"that masks (`vitmix mixers` lists them)")
+        if grid is not None and not isinstance(grid, SequenceGrid):
+            raise ValueError(f"{name}: a key-padding mask needs a 1-D sequence (an image grid has no padding); "
+                             f"pass sequence=True to the mixer or to vitmix.mixers.set_token_grid")
+        lengths = check_padding_mask(mask, x, name)
+        prefix = grid.prefix if grid is not None else 0
+        if prefix and not (torch.compiler.is_compiling() or torch.jit.is_tracing()) and int(lengths.min()) <= prefix:
+            raise ValueError(f"{name}: every sample needs a real token after its {prefix} prefix token(s), got "
+                             f"a mask with {int(lengths.min())} real token(s)")
+        return lengths
+
+    @torch.compiler.disable
+    def _mix_by_length(self, x: torch.Tensor, grid, lengths: torch.Tensor) -> torch.Tensor:
+        """``mix`` of each group of samples with the same valid length, on their unpadded tokens (padded
+        positions zero): exact for patterns that depend on N, at one call per distinct length. A loop over
+        the data's lengths: eager under ``torch.compile`` (the graph breaks around it)."""
+        out = x.new_zeros(x.shape[0], x.shape[1], self.dim)
+        for length in lengths.unique().tolist():
+            rows = (lengths == length).nonzero().squeeze(1)
+            sub = grid if grid is None else SequenceGrid(grid.prefix, length - grid.prefix)
+            out[rows, :length] = self.mix(x[rows, :length], grid=sub).to(out.dtype)
+        return out
 
     def token_grid(self, n_tokens: int, hw: Optional[Tuple[int, int]] = None,
-                   num_prefix_tokens: Optional[int] = None) -> Tuple[int, int, int]:
+                   num_prefix_tokens: Optional[int] = None, sequence: Optional[bool] = None):
         """``(prefix, H, W)`` for ``n_tokens`` tokens: the per-call grid, else the one set on the
-        mixer, else a square inferred where unambiguous (:func:`resolve_grid`). The one place a mixer
-        resolves its grid."""
-        hw = hw if hw is not None else self.hw
+        mixer, else a square inferred where unambiguous (:func:`resolve_grid`); on a 1-D sequence
+        (``sequence``, else the mixer's setting) a :class:`~vitmix.mixers.sequence.SequenceGrid`. The one
+        place a mixer resolves its grid."""
         prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
+        if self.sequence if sequence is None else sequence:
+            prefix = int(prefix or 0)
+            if prefix < 0 or prefix >= n_tokens:
+                raise ValueError(f"{type(self).__name__}: num_prefix_tokens={prefix} must be between 0 and N - 1 "
+                                 f"(a sequence of N={n_tokens} tokens needs at least one after the prefix)")
+            return SequenceGrid(prefix, int(n_tokens) - prefix)
+        hw = hw if hw is not None else self.hw
         return resolve_grid(n_tokens, hw, prefix)
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):  # pragma: no cover - abstract
-        """Mix tokens. ``grid`` is ``(prefix, H, W)`` for spatial mixers, else ``None``."""
+        """Mix tokens. ``grid`` is ``(prefix, H, W)`` or a :class:`~vitmix.mixers.sequence.SequenceGrid` for
+        spatial mixers, else ``None``. A mixer with ``padding_mask = "masked"`` also takes ``mask=(B, N)``."""
         raise NotImplementedError
 
     def analytic_flops(self, batch: int, n: int) -> Optional[int]:
@@ -309,15 +400,22 @@ class AttentionProjections:
         return self.proj_drop(self.proj(out))
 
 
-def set_token_grid(model: nn.Module, hw: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int] = None):
+def set_token_grid(model: nn.Module, hw: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int] = None,
+                   *, sequence: bool = False):
     """Set the token grid of every vitmix mixer inside ``model`` (e.g. a stock timm ViT).
+
+    ``sequence=True`` makes them read a 1-D sequence instead (a one-line ``ValueError`` if one of them needs
+    an image grid); ``hw`` then only sizes the mixers built for a fixed N (Linformer: ``N = P + H*W``).
 
     Needed in a stock timm ``VisionTransformer`` whose grid is not square or whose prefix is not one
     CLS token (``class_token=False``, ``reg_tokens``): pass ``num_prefix_tokens=model.num_prefix_tokens``
     and ``hw=model.patch_embed.grid_size``. Returns ``model``."""
-    for module in model.modules():
-        if isinstance(module, TokenMixer):
-            module.set_grid(hw, num_prefix_tokens)
+    mixers = [m for m in model.modules() if isinstance(m, TokenMixer)]
+    for module in mixers if sequence else ():
+        module.sequence_support()          # before anything changes
+    for module in mixers:
+        module.set_grid(hw, num_prefix_tokens)
+        module.sequence = bool(sequence)
     return model
 
 

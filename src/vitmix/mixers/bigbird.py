@@ -106,6 +106,9 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
 
     complexity = "linear"
     spatial = True
+    on_sequence = "its window, random and global blocks along the sequence (the raster order it uses on images)"
+    #: the random blocks are drawn per N: each valid length runs with its own pattern, as when unpadded
+    padding_mask = "by_length"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, block_size: int = 8, window_blocks: int = 3,
                  random_blocks: int = 3, seed: Optional[int] = None, mode: str = "sparse", **kwargs) -> None:

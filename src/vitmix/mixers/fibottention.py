@@ -80,6 +80,9 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
 
     complexity = "n log n"
     spatial = True
+    on_sequence = "its Wythoff/Fibonacci offsets along the sequence (the raster order it uses on images)"
+    #: the offsets are a function of N (w_max = N // 3): each valid length runs with its own
+    padding_mask = "by_length"
     #: option values of each ``preset`` (every preset names the same options)
     presets = {
         "default": dict(mode="sparse", shuffle="stable", shuffle_per_layer=True),
@@ -157,9 +160,14 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
 
     # ------------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
-                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
+                hw: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None,
+                **options) -> torch.Tensor:
         """``(B, N, C) -> (B, N, C)``. Only the prefix count matters: with ``num_prefix_tokens`` given
-        (here or at construction) and no grid, any sequence length works."""
+        (here or at construction) and no grid, any sequence length works (``sequence=True``: a 1-D
+        sequence, prefix 0 unless told)."""
+        sequence = options.get("sequence")
+        if self.sequence if sequence is None else sequence:
+            return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens, **options)
         prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
         if prefix is None and hw is None and self.hw is None:
             prefix = TIMM_DEFAULT_PREFIX                # told nothing: timm's one CLS token, never a guess from N
@@ -170,7 +178,7 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
                 raise ValueError(f"num_prefix_tokens={prefix} must be smaller than the sequence length "
                                  f"N={x.shape[1]} (fibottention needs at least one patch token)")
             hw = (1, x.shape[1] - prefix)
-        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=prefix)
+        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=prefix, **options)
 
     def analytic_flops(self, batch: int, n: int) -> int:
         """Dense modes: the full ``q·kᵀ`` and ``weights·v``; ``sparse``: only each head's pattern
@@ -207,7 +215,9 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         """
         n = x.shape[1]
         prefix = num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens
-        if hw is not None or self.hw is not None or prefix is None:
+        if self.sequence:
+            prefix = self.token_grid(n, hw, prefix).prefix
+        elif hw is not None or self.hw is not None or prefix is None:
             from .base import resolve_grid
 
             prefix = resolve_grid(n, hw if hw is not None else self.hw, prefix)[0]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .sequence import is_sequence
+
 
 def linear_flops(tokens: int, fan_in: int, fan_out: int) -> int:
     """FLOPs of a dense layer applied to ``tokens`` rows."""
@@ -54,17 +56,29 @@ def nystrom_flops(n: int, m: int, d: int, iters: int, tied: bool = False, normal
 
 
 def landmark_total(mixer, n: int) -> int:
-    """Landmarks ``m`` of a grid mixer at ``n`` tokens (``landmark_count`` of its resolved grid)."""
-    _, h, w = mixer.token_grid(n)
-    mh, mw = mixer.landmark_count(h, w)
+    """Landmarks ``m`` of a grid mixer at ``n`` tokens (``landmark_count`` of its resolved grid, or
+    ``sequence_landmarks`` on a 1-D sequence)."""
+    grid = mixer.token_grid(n)
+    if is_sequence(grid):
+        return mixer.sequence_landmarks(grid.length)
+    mh, mw = mixer.landmark_count(*grid[1:])
     return mh * mw
 
 
+def segment_flops(mixer, n: int, m: int, pooled: int) -> int:
+    """Per (batch, head) slice: ``pooled`` tensors of head dim reduced to ``m`` segment means by the pooling
+    matrix on a 1-D sequence (:func:`~vitmix.mixers.sequence.segment_means`); 0 on an image grid."""
+    grid = mixer.token_grid(n)
+    return pooled * 2 * m * grid.length * mixer.head_dim if is_sequence(grid) else 0
+
+
 def local_conv_flops(mixer, batch: int, n: int) -> int:
-    """The depthwise local convolution on V: one ``k×k`` filter per channel (or per head)."""
+    """The depthwise local convolution on V: one ``k×k`` filter per channel (or per head); on a 1-D
+    sequence the same filter over a ``1 × L`` row (its zero-padded rows are multiplied too)."""
     k = getattr(mixer, "conv_kernel", 0) or 0
-    _, h, w = mixer.token_grid(n)
-    return 2 * batch * mixer.dim * h * w * k * k
+    grid = mixer.token_grid(n)
+    tokens = grid.length if is_sequence(grid) else grid[1] * grid[2]
+    return 2 * batch * mixer.dim * tokens * k * k
 
 
 __all__ = ["linear_flops", "linears_flops", "nystrom_flops", "landmark_total", "local_conv_flops"]

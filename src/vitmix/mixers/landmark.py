@@ -7,6 +7,16 @@ kernel and a Newton–Schulz inverse, and add a local depthwise convolution of `
 lives here once: the landmark options and their checks, ``landmark_count``, the facts the models
 and benchmarks read (``complexity``, ``bench_options``, ...) and the O(N²) ``attention_map``.
 Each subclass supplies its projections, landmarks and kernel through :meth:`_kernel_weights`.
+
+On a 1-D sequence (``sequence=True``) the landmarks are segment means of the sequence
+(:func:`~vitmix.mixers.sequence.segment_means`, any length), :meth:`sequence_landmarks` of them, and the
+local convolution reads the sequence as one ``1 × L`` row (its ``k × k`` filter acts as the 1-D filter of
+its middle row). A key-padding mask is applied within the batch (:func:`masked_nystrom`): each sample's
+landmark count and segments come from its own valid length, padded keys and empty landmark slots (a
+sample with fewer landmarks than the batch's most) are left out of the kernel attention, and
+LaplacianFormer's means, variances and ``1/N`` terms count the real tokens only. Configurations whose
+inverse couples the slots (SOFT's batch-global legacy iteration, the residual-checked ``"safe"`` start of
+an unsymmetric matrix, an exact inverse without ``ε``) run each valid length on its own instead.
 """
 from __future__ import annotations
 
@@ -15,9 +25,12 @@ from typing import Optional, Tuple
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from .. import ops
+from ..ops._common import compute_dtype, no_autocast
 from ..ops._triton import check_backend
 from .base import TokenMixer
-from .grid import LandmarkCount, landmark_grid, landmark_shape
+from .grid import DEFAULT_LANDMARK_GRID, LandmarkCount, landmark_grid, landmark_shape
+from .sequence import segment_pooling
 
 
 def check_conv_kernel(conv_kernel: Optional[int]) -> int:
@@ -41,6 +54,8 @@ class LandmarkMixer(TokenMixer):
     #: a token sweep of one layer fixes m = 49 (7×7, the count at 224²), so the cost per token stays
     #: constant at every size ("auto" agrees from a 14×14 grid up, and gives fewer below)
     bench_options = {"num_landmarks": 49}
+    on_sequence = "landmarks are segment means along the sequence (any N); the local conv is 1-D"
+    padding_mask = "masked"
 
     def _init_landmarks(self, landmark_stride: int, num_landmarks: LandmarkCount, grid_remainder: str,
                         conv_kernel: Optional[int], backend: str) -> None:
@@ -87,6 +102,34 @@ class LandmarkMixer(TokenMixer):
         mh, mw = landmark_shape(type(self).__name__, h, w, self.landmark_stride, self.landmark_hw, self.grid_remainder)
         return self._within_exact_cost(h * w, mh, mw) if self.landmark_hw == "auto" else (mh, mw)
 
+    def _landmark_pool(self, grid, mask: torch.Tensor, dtype: torch.dtype):
+        """Each sample's segment pooling ``(B, 1, m, N)`` on a padded 1-D batch and its landmark slots
+        ``(B, 1, 1, m)`` (``sequence_landmarks`` of its own length; the shorter leave slots empty)."""
+        lengths = mask.sum(-1)
+        counts = torch.tensor([self.sequence_landmarks(n - grid.prefix) for n in lengths.tolist()],
+                              device=mask.device)
+        m = int(counts.max())
+        pool = segment_pooling(lengths, counts, m, mask.shape[1], grid.prefix, dtype)
+        slots = torch.arange(m, device=mask.device) < counts[:, None]
+        return pool[:, None], slots[:, None, None, :]
+
+    def sequence_landmarks(self, length: int) -> int:
+        """The landmark count on a 1-D sequence of ``length`` tokens: with ``num_landmarks="auto"`` one per
+        ``s²`` tokens (an ``s×s`` block's share on an image, so a layer costs the same on an image and on its
+        flattened tokens), at most 7×7 = 49 and shrunk as on images to stay within exact attention's FLOPs;
+        ``None``: one per ``s²`` tokens; a fixed count: that many. Never more than ``length``, at least 1."""
+        spec = self.landmark_hw
+        if isinstance(spec, tuple):
+            return max(1, min(spec[0] * spec[1], length))
+        m = max(1, length // self.landmark_stride ** 2)
+        if spec != "auto":
+            return m
+        m = min(m, DEFAULT_LANDMARK_GRID[0] * DEFAULT_LANDMARK_GRID[1])
+        floor, exact = min(m, self.min_landmark_side ** 2), 4 * length * length * self.head_dim
+        while m > floor and self.landmark_flops(length, m) > exact:
+            m -= 1
+        return m
+
     #: the smallest landmark grid side ``"auto"`` shrinks to (where the stride grid is that large):
     #: one landmark is a rank-1 map
     min_landmark_side = 2
@@ -125,4 +168,42 @@ class LandmarkMixer(TokenMixer):
         return self._kernel_weights(x, grid, eye)
 
 
-__all__ = ["LandmarkMixer", "check_conv_kernel"]
+def masked_nystrom(q, k, v, lq, lk, slots: torch.Tensor, mask: torch.Tensor, kernel: str, *, lam: float = 4.0,
+                   iters: int, eps: float, alpha: str, inverse: str, normalization: Optional[str] = None,
+                   norm_eps: float = 1e-6, backend: str = "auto"):
+    """:func:`vitmix.ops.nystrom_attention` on a padded batch: ``mask (B, N)`` marks the real keys (and
+    queries), ``slots (B, 1, 1, m)`` the landmarks a sample has. Empty slots get zero kernel columns and an
+    ``εI`` block of the landmark matrix (no coupling: every Newton–Schulz start and step is block-diagonal,
+    and its norms are the real block's), so each sample's real outputs are those of its unpadded run.
+    ``normalization="injective"`` returns the whitened part (contrast 1) and the mean of the real values
+    separately, for the caller to weigh; otherwise the output."""
+    tied = k is q and lk is lq
+    with no_autocast(q.device.type):
+        dt = compute_dtype(q, k, v, lq, lk)
+        q, k, v, lq, lk = (t.to(dt) for t in (q, k, v, lq, lk))
+        kern = ((lambda a, b: ops.gaussian_kernel(a, b, backend=backend)) if kernel == "gaussian" else
+                (lambda a, b: ops.laplacian_kernel(a, b, lam, backend=backend)))
+        keys = mask[:, None, :, None].to(dt)
+        v = v * keys
+        cq = kern(q, lk) * slots                                              # (B, h, N, m)
+        ck = cq if tied else kern(k, lq) * slots
+        w = kern(lq, lk) * (slots & slots.mT)                                # (B, h, m, m)
+        M = ops.newton_schulz_inverse(w, iters=iters, eps=eps, symmetric=True if lk is lq else None, mode=inverse,
+                                      alpha=alpha, backend=backend)
+        if normalization == "soft_norm":
+            dinv = w.sum(-1).masked_fill(~slots[..., 0, :], 1.0).rsqrt() * slots[..., 0, :]
+            M = dinv.unsqueeze(-1) * M * dinv.unsqueeze(-2)
+        if normalization != "injective":
+            return cq @ (M @ (ck.mT @ v))
+        # the injective map's statistics over the real queries and keys (ops.nystrom._injective_fwd)
+        n = keys.sum(-2, keepdim=True)                                        # (B, 1, 1, 1)
+        cc = (cq - (cq * keys).sum(-2, keepdim=True) / n) * keys
+        cov = cc.mT @ cc / n
+        D = ck - (ck * keys).sum(-2, keepdim=True) / n
+        T = M.mT @ cov @ M
+        var = ((D @ (0.5 * (T + T.mT))) * D).sum(-1, keepdim=True)
+        whitened = cq @ (M @ (D.mT @ (torch.rsqrt(var.clamp_min(0) + norm_eps) * v)))
+        return whitened, v.sum(-2, keepdim=True) / n
+
+
+__all__ = ["LandmarkMixer", "check_conv_kernel", "masked_nystrom"]

@@ -44,10 +44,11 @@ from torch import nn
 
 from .. import ops
 from .grid import adaptive_pool, LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
-from .landmark import LandmarkMixer, check_conv_kernel
+from .landmark import LandmarkMixer, check_conv_kernel, masked_nystrom
 from .options import check_choice, check_newton, reject_unsupported, stride_option
-from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops
+from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops, segment_flops
 from .registry import register_mixer
+from .sequence import as_row, is_sequence, segment_means, zero_padding
 
 
 def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -> torch.Tensor:
@@ -58,9 +59,10 @@ def rope_2d(t: torch.Tensor, prefix: int, h: int, w: int, base: float = 100.0) -
     """
     d = t.shape[-1]
     quarter = d // 4
-    freqs = base ** (-torch.arange(quarter, device=t.device, dtype=torch.float32) / quarter)
-    rows = torch.arange(h, device=t.device, dtype=torch.float32)[:, None].expand(h, w).reshape(-1)
-    cols = torch.arange(w, device=t.device, dtype=torch.float32)[None, :].expand(h, w).reshape(-1)
+    dt = torch.float64 if t.dtype == torch.float64 else torch.float32     # float64 models: float64 angles too
+    freqs = base ** (-torch.arange(quarter, device=t.device, dtype=dt) / quarter)
+    rows = torch.arange(h, device=t.device, dtype=dt)[:, None].expand(h, w).reshape(-1)
+    cols = torch.arange(w, device=t.device, dtype=dt)[None, :].expand(h, w).reshape(-1)
     ang = torch.cat([rows[:, None] * freqs, cols[:, None] * freqs], dim=-1)  # (HW, d/2)
     cos, sin = ang.cos().to(t.dtype), ang.sin().to(t.dtype)
     g = t[:, :, prefix:]
@@ -179,6 +181,8 @@ class LaplacianAttention(LandmarkMixer):
         self.newton_iters, self.newton_eps = int(newton_iters), float(newton_eps)
         self.newton_alpha, self.inverse = newton_alpha, inverse
         self.conv_groups = conv_groups
+        if newton_alpha == "safe" or (inverse == "exact" and not self.newton_eps):
+            self.padding_mask = "by_length"     # residual-checked starts / a singular empty block: per length
         self.rope, self.rope_base = bool(rope), float(rope_base)
         self._build_layers(qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer, conv_init, temperature)
         # learnt per-head weight of the map's mean(V) term (None: the map's fixed 1; no map, no weight)
@@ -273,6 +277,8 @@ class LaplacianAttention(LandmarkMixer):
     def _project(self, x: torch.Tensor, grid):
         """``q, k, v`` ``(B, heads, N, d)`` (unscaled: ``qk_scale`` is folded into λ), the landmarks
         ``(B, heads, m, d)`` of ``q`` and ``k``, and the fused ``qkv`` output ``(B, N, 3C)``."""
+        if is_sequence(grid):
+            return self._project_sequence(x, grid)
         prefix, h, w = grid
         b, n, c = x.shape
         nh, d = self.num_heads, self.head_dim
@@ -294,6 +300,21 @@ class LaplacianAttention(LandmarkMixer):
         lm = F.linear(xl, self.qkv.weight[: 2 * c], bias)
         lq, lk = lm.view(b, -1, 2, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v, lq, lk, y
+
+    def _project_sequence(self, x: torch.Tensor, grid, pool: Optional[torch.Tensor] = None):
+        """:meth:`_project` on a 1-D sequence: landmarks by segment means of ``q`` and ``k`` (by ``pool``, the
+        per-sample segments of a padded batch, when given); RoPE on the sequence read as one row (the column
+        half of the channels rotates with the position)."""
+        b, n, _ = x.shape
+        y = self.qkv(x)
+        q, k, v = y.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            q, k = (rope_2d(t, *as_row(grid), self.rope_base) for t in (q, k))
+        if pool is not None:
+            return q, k, v, pool.to(q.dtype) @ q, pool.to(k.dtype) @ k, y
+        m = self.sequence_landmarks(grid.length)
+        return q, k, v, segment_means(q, grid, m), segment_means(k, grid, m), y
 
     def _attend(self, q, k, v, lq, lk):
         n = v.shape[-2]
@@ -324,6 +345,27 @@ class LaplacianAttention(LandmarkMixer):
             out = contrast + mean_v
         return out
 
+    def _attend_masked(self, q, k, v, lq, lk, slots, mask):
+        """:meth:`_attend` on a padded batch (:func:`~vitmix.mixers.landmark.masked_nystrom`): the map's means,
+        variances and N count each sample's real tokens."""
+        options = dict(lam=self.lam / self.qk_scale, iters=self.newton_iters, eps=self.newton_eps,
+                       alpha=self.newton_alpha, inverse=self.inverse, norm_eps=self.norm_eps, backend=self.backend)
+        if not self.normalize:
+            return masked_nystrom(q, k, v, lq, lk, slots, mask, "laplacian", **options).to(v.dtype)
+        whitened, mean_v = masked_nystrom(q, k, v, lq, lk, slots, mask, "laplacian", normalization="injective",
+                                          **options)
+        n = mask.sum(-1).to(whitened.dtype).view(-1, 1, 1, 1)
+        if self.scale_exponent is not None:
+            scale = torch.exp((self.scale_exponent.view(-1, 1, 1).to(n.dtype) - 1.0) * n.log())
+        else:
+            scale = {"none": torch.ones_like(n), "tokens": 1.0 / n, "sqrt": n.rsqrt()}[self.norm_scale]
+        out = whitened * scale
+        if self.log_tau is not None:
+            out = out * self.log_tau.exp().view(-1, 1, 1).to(out.dtype)
+        if self.mean_weight is not None:
+            mean_v = mean_v * self.mean_weight.view(-1, 1, 1).to(out.dtype)
+        return (out + mean_v).to(v.dtype)
+
     def _contrast(self, n: int) -> float:
         """The fixed factor of the map's whitened part at ``n`` tokens (``norm_scale``)."""
         return {"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale]
@@ -353,11 +395,14 @@ class LaplacianAttention(LandmarkMixer):
         h = self.num_heads
         m = landmark_total(self, n)
         total = linears_flops(self, batch * n)  # qkv, proj
+        grid = self.token_grid(n)
+        if is_sequence(grid):       # q and k reduced to segment means by the pooling matrix
+            return (total + batch * h * (self.landmark_flops(n, m) + segment_flops(self, n, m, pooled=2))
+                    + local_conv_flops(self, batch, n))
         if not (getattr(self, "rope", False) or self.qk_normed) and n >= 8 * m:
             # landmarks: the pooled input projected by the q/k rows of qkv (pooling commutes with it);
             # done only when N >= 8m, otherwise q and k are pooled (no FLOPs)
             total += linear_flops(batch * m, self.dim, 2 * self.dim)
-        grid = self.token_grid(n)
         if (getattr(self, "rope", False) or self.qk_normed or n < 8 * m) and self._pools_by_product(grid):
             total += batch * h * 2 * (2 * m * grid[1] * grid[2] * self.head_dim)    # q and k by the pooling matrix
         total += batch * h * self.landmark_flops(n, m)
@@ -369,39 +414,34 @@ class LaplacianAttention(LandmarkMixer):
                              inverse=self.inverse, start=self.newton_alpha)
 
     def _fused(self, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
-        """The token mixing before ``proj`` as one C call (:func:`vitmix.ops.nystrom.c.laplacian_mix`), with a C
-        backward (:func:`vitmix.ops.nystrom.c_grad.laplacian_mix_train`) when autograd records, on CPU in
-        float32/float64 and in the configurations it covers (the defaults and the official preset: injective
+        """The token mixing before ``proj`` as one C call, with a C backward when autograd records
+        (:mod:`vitmix.mixers.fused.laplacian`), on CPU in float32/float64 and in the configurations its
+        ``supports`` rule covers (the defaults and the official preset: injective
         map with a fixed contrast scale, adaptive or tiling landmark windows, per-channel conv, no RoPE/q-k
         norm); ``None`` otherwise (the composed path, :meth:`_composed`, runs). At batch 1 and at small
         widths the composed path's ~50 small ops per layer forward (and ~60 backward) cost more than their
         arithmetic; at large N the two take the same time (docs/soft-laplacianformer.md, "Inference and
         training in one C call")."""
-        if (not self._eager_cpu(x) or not self.normalize or self.norm_scale == "learnt"
-                or self.log_tau is not None or self.rope or self.qk_normed
-                or self.inverse != "newton"
-                or self.newton_alpha == "safe" or (self.conv_kernel and self.conv_groups != "channel")
-                or self._floors_a_remainder(*grid[1:])):
-            return None
-        from ..ops.nystrom import c, c_grad
+        from .fused import laplacian as fused
 
-        n, (_, h, w) = x.shape[1], grid
-        mh, mw = self.landmark_count(h, w)
-        if mh * mw > c.MAX_LANDMARKS:
-            return None
-        train = self._needs_grad(x)
-        conv = self.conv if self.conv_kernel else None
-        mix = c_grad.laplacian_mix_train if train else c.laplacian_mix
-        mean_weight = self.mean_weight if train or self.mean_weight is None else self.mean_weight.detach()
-        return mix(
-            self.qkv(x), None if conv is None else conv.weight, None if conv is None else conv.bias, grid=grid,
-            heads=self.num_heads, landmarks=(mh, mw), lam=self.lam / self.qk_scale,
-            eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, norm_eps=self.norm_eps,
-            contrast=self._contrast(n), mean_weight=mean_weight)
+        return fused.mix(self, x, grid) if fused.supports(self, x, grid) else None
 
-    def mix(self, x, grid, attn_mask=None, is_causal=False):
+    def mix(self, x, grid, attn_mask=None, is_causal=False, mask=None):
+        if mask is not None:
+            return self.proj_drop(self.proj(self._masked(x, grid, mask)))
         fused = self._fused(x, grid)
         return self.proj_drop(self.proj(fused if fused is not None else self._composed(x, grid)))
+
+    def _masked(self, x: torch.Tensor, grid, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`_composed` on a padded 1-D batch: each sample's own segment means, padded keys and empty
+        landmark slots left out of the kernel attention and the map, padded values zero before the conv."""
+        pool, slots = self._landmark_pool(grid, mask, x.dtype)
+        q, k, v, lq, lk, _ = self._project_sequence(x, grid, pool)
+        out = merge_heads(self._attend_masked(q, k, v, lq, lk, slots, mask))
+        if self.conv_kernel:
+            local = self._local(zero_padding(v, mask), as_row(grid)).to(out.dtype)
+            out = out + (F.pad(local, (0, 0, grid.prefix, 0)) if grid.prefix else local)
+        return out
 
     def _composed(self, x: torch.Tensor, grid) -> torch.Tensor:
         """The token mixing before ``proj`` as a composition of torch ops and :mod:`vitmix.ops` (every option,
@@ -410,7 +450,7 @@ class LaplacianAttention(LandmarkMixer):
         out = merge_heads(self._attend(q, k, v, lq, lk))
         if self.conv_kernel:
             prefix = grid[0]
-            local = self._local(v, grid).to(out.dtype)
+            local = self._local(v, as_row(grid)).to(out.dtype)
             # zero rows for the prefix tokens: the backward is a slice, not a zero-filled copy
             out = out + (F.pad(local, (0, 0, prefix, 0)) if prefix else local)
         return out

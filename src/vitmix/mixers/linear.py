@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from .base import AttentionProjections, TokenMixer
 from .options import reject_unsupported
 from .registry import register_mixer
+from .sequence import zero_padding
 
 
 def linear_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6):
@@ -33,6 +34,7 @@ class LinearAttention(AttentionProjections, TokenMixer):
     """
 
     complexity = "linear"
+    padding_mask = "masked"     # padded keys get zero features: out of φ(K)ᵀV and the normaliser
 
     def __init__(self, dim: int, num_heads: int = 8, *args, eps: float = 1e-6, **kwargs) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -43,9 +45,9 @@ class LinearAttention(AttentionProjections, TokenMixer):
         self.eps = float(eps)
         self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, 0.0, proj_drop, norm_layer)
 
-    def mix(self, x, grid=None, attn_mask=None, is_causal=False):
+    def mix(self, x, grid=None, attn_mask=None, is_causal=False, mask=None):
         q, k, v = self._qkv(x)
-        q, k = F.elu(q) + 1, F.elu(k) + 1
+        q, k = F.elu(q) + 1, zero_padding(F.elu(k) + 1, mask)
         kv = k.transpose(-2, -1) @ v                                     # (B, h, d, d)
         norm = q @ k.sum(-2, keepdim=True).transpose(-2, -1)             # (B, h, N, 1)
         return self._project_out((q @ kv) / (norm + self.eps))

@@ -46,6 +46,7 @@ from torch import nn
 
 from .base import AttentionProjections, TokenMixer, close_matches
 from .registry import register_mixer
+from .sequence import zero_padding
 
 __all__ = ["DEFAULT_MAX_SEQ_LEN", "LinformerAttention", "linformer_reference", "SHARING"]
 
@@ -91,6 +92,9 @@ class LinformerAttention(AttentionProjections, TokenMixer):
     """
 
     complexity = "linear"
+    #: padded keys and values are zeroed before ``E``/``F``: a padded sample is compressed exactly as a
+    #: layer not told its N serves it unpadded (its first columns)
+    padding_mask = "masked"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, k: int = 64, sharing: str = "headwise",
                  seq_len: Optional[int] = None, max_seq_len: Optional[int] = None, **kwargs) -> None:
@@ -205,7 +209,7 @@ class LinformerAttention(AttentionProjections, TokenMixer):
         super().set_grid(hw, num_prefix_tokens)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, *,
-                hw=None, num_prefix_tokens=None) -> torch.Tensor:
+                hw=None, num_prefix_tokens=None, **options) -> torch.Tensor:
         # a provisional layer's first call that passes a grid (pyramid stages) fits E/F; compiled code
         # never re-shapes parameters, and an untold call changes nothing (one graph, no recompilation)
         if not torch.compiler.is_compiling() and self._provisional and x.dim() == 3:
@@ -213,7 +217,7 @@ class LinformerAttention(AttentionProjections, TokenMixer):
                                      num_prefix_tokens if num_prefix_tokens is not None else self.num_prefix_tokens)
             if told is not None:
                 self._fit(told)
-        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens)
+        return super().forward(x, attn_mask, is_causal, hw=hw, num_prefix_tokens=num_prefix_tokens, **options)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Loaded E/F are final: a provisional layer takes their length (saved from a layer built for N)."""
@@ -234,10 +238,10 @@ class LinformerAttention(AttentionProjections, TokenMixer):
         e, f = self._e_f(k.shape[-2])
         return e @ k, f @ v                                          # (B, H, k, d): broadcast over B (and H)
 
-    def mix(self, x, grid=None, attn_mask=None, is_causal=False):
+    def mix(self, x, grid=None, attn_mask=None, is_causal=False, mask=None):
         self._check_length(x.shape[1])
         q, k, v = self._qkv(x)
-        kp, vp = self._compress(k, v)
+        kp, vp = self._compress(zero_padding(k, mask), zero_padding(v, mask))   # padding: zero columns of E, F
         drop = self.attn_drop.p if self.training else 0.0
         out = F.scaled_dot_product_attention(q, kp, vp, dropout_p=drop, scale=self.scale)
         return self._project_out(out)

@@ -67,6 +67,9 @@ class LongformerAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
 
     complexity = "linear"
     spatial = True
+    on_sequence = "its sliding window along the sequence (the raster order it uses on images)"
+    #: the sparse diagonal kernels take no key mask: each valid length runs unpadded
+    padding_mask = "by_length"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, radius: int = 24, dilation: int = 1,
                  global_projections: bool = False, mode: str = "sparse", backend: str = "auto", **kwargs) -> None:

@@ -24,6 +24,7 @@ from ..ops._common import no_autocast
 from .base import AttentionProjections, TokenMixer
 from .options import reject_unsupported
 from .registry import register_mixer
+from .sequence import segment_pooling
 
 
 def iterative_pinv(a: torch.Tensor, iters: int = 6) -> torch.Tensor:
@@ -66,6 +67,9 @@ class NystromformerAttention(AttentionProjections, TokenMixer):
     """
 
     complexity = "linear"
+    on_sequence = "as on images: landmarks are segment means of the token sequence, the conv runs along it"
+    #: landmarks from each sample's real tokens, padded keys out of the softmaxes, zero values before the conv
+    padding_mask = "masked"
     additive_terms = ("conv",)   # the depthwise conv of V: zero when converted from softmax (vitmix.convert)
 
     def __init__(self, dim: int, num_heads: int = 8, *args, num_landmarks: int = 49, pinv_iters: int = 6,
@@ -85,21 +89,31 @@ class NystromformerAttention(AttentionProjections, TokenMixer):
             k = self.conv_kernel
             self.conv = nn.Conv2d(num_heads, num_heads, (k, 1), padding=(k // 2, 0), groups=num_heads, bias=False)
 
-    def _attend(self, q, k, v):
+    def _attend(self, q, k, v, mask=None):
         m = min(self.num_landmarks, q.shape[-2])
         with no_autocast(q.device.type):
             dt = torch.promote_types(q.dtype, torch.float32)
             q, k, vf = q.to(dt), k.to(dt), v.to(dt)
-            lq, lk = segment_means(q, m), segment_means(k, m)
+            if mask is None:
+                lq, lk = segment_means(q, m), segment_means(k, m)
+                slots = keys = None
+            else:       # each sample's own landmarks; a sample with fewer tokens than m leaves slots empty
+                lengths = mask.sum(-1)
+                pool = segment_pooling(lengths, lengths.clamp(max=m), m, q.shape[-2], dtype=dt)[:, None]
+                lq, lk = pool @ q, pool @ k
+                slots, keys = pool.sum(-1).gt(0)[..., None, :], mask[:, None, None, :]
             s = q.shape[-1] ** -0.5
-            f = (q @ lk.mT * s).softmax(-1)                               # (B, h, N, m)
-            z = iterative_pinv((lq @ lk.mT * s).softmax(-1), self.pinv_iters)
-            bt_v = (lq @ k.mT * s).softmax(-1) @ vf                       # (B, h, m, d)
+            f = _softmax(q @ lk.mT * s, slots)                            # (B, h, N, m)
+            # empty slots: zero rows and columns, so the pseudo-inverse keeps them out (block-diagonal)
+            a = _softmax(lq @ lk.mT * s, slots)
+            z = iterative_pinv(a if slots is None else a * slots.mT, self.pinv_iters)
+            bt_v = _softmax(lq @ k.mT * s, keys) @ vf                     # (B, h, m, d)
             return (f @ (z @ bt_v)).to(v.dtype)
 
-    def mix(self, x, grid=None, attn_mask=None, is_causal=False):
+    def mix(self, x, grid=None, attn_mask=None, is_causal=False, mask=None):
         q, k, v = self._qkv(x)
-        out = self._attend(q, k, v)
+        out = self._attend(q, k, v, mask)
+        v = v if mask is None else v * mask[:, None, :, None].to(v.dtype)  # the conv sees zeros past the end
         if self.conv_kernel:
             out = out + self.conv(v)                                      # (B, h, N, d): along tokens
         return self._project_out(out)
@@ -117,6 +131,11 @@ class NystromformerAttention(AttentionProjections, TokenMixer):
         q, k, _ = self._qkv(x)
         eye = torch.eye(x.shape[1], dtype=q.dtype, device=q.device).expand(q.shape[0], self.num_heads, -1, -1)
         return self._attend(q, k, eye)
+
+
+def _softmax(scores: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    """Softmax over the last dim, over the ``keep`` columns only (``None``: all)."""
+    return scores.softmax(-1) if keep is None else scores.masked_fill(~keep, float("-inf")).softmax(-1)
 
 
 __all__ = ["NystromformerAttention", "iterative_pinv", "nystromformer_reference", "segment_means"]

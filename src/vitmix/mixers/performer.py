@@ -44,10 +44,14 @@ def _fresh_directions(m: int, d: int, like: torch.Tensor) -> torch.Tensor:
     return orthogonal_gaussian(m, d).to(like)
 
 
-def positive_features(x: torch.Tensor, w: torch.Tensor, per_row: bool) -> torch.Tensor:
+def positive_features(x: torch.Tensor, w: torch.Tensor, per_row: bool,
+                      mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """FAVOR+ features of ``x (…, N, d)`` (already scaled by d^(-1/4)) for directions ``w (m, d)``,
-    up to a factor exp(−max) that cancels in the normalised attention."""
+    up to a factor exp(−max) that cancels in the normalised attention. Tokens outside ``mask``
+    (``(B, N)``, keys of a padded batch) get zero features and no say in the shift."""
     proj = x @ w.T - 0.5 * x.pow(2).sum(-1, keepdim=True)              # (…, N, m)
+    if mask is not None:
+        proj = proj.masked_fill(~mask[:, None, :, None], float("-inf"))
     shift = proj.amax(-1, keepdim=True) if per_row else proj.amax((-2, -1), keepdim=True)
     return torch.exp(proj - shift.detach()) / math.sqrt(w.shape[0])
 
@@ -75,6 +79,7 @@ class PerformerAttention(AttentionProjections, TokenMixer):
     """
 
     complexity = "linear"
+    padding_mask = "masked"     # padded keys get zero features (the fixed directions make it exact)
 
     def __init__(self, dim: int, num_heads: int = 8, *args, num_features: Optional[int] = None,
                  redraw_interval: Optional[int] = 1000, eps: float = 1e-6, **kwargs) -> None:
@@ -125,7 +130,7 @@ class PerformerAttention(AttentionProjections, TokenMixer):
         count.copy_(torch.where(redraw, torch.ones_like(count), count + 1))
         self._since_draw = None  # an eager forward after compiled ones re-reads the buffer
 
-    def mix(self, x, grid=None, attn_mask=None, is_causal=False):
+    def mix(self, x, grid=None, attn_mask=None, is_causal=False, mask=None):
         if self.training and self.redraw_interval is not None:
             self._count_forward()
         q, k, v = self._qkv(x)
@@ -133,7 +138,7 @@ class PerformerAttention(AttentionProjections, TokenMixer):
             dt = torch.promote_types(q.dtype, torch.float32)
             w, scale = self.directions.to(dt), self.head_dim ** -0.25
             fq = positive_features(q.to(dt) * scale, w, per_row=True)
-            fk = positive_features(k.to(dt) * scale, w, per_row=False)
+            fk = positive_features(k.to(dt) * scale, w, per_row=False, mask=mask)
             kv = fk.transpose(-2, -1) @ v.to(dt)                          # (B, h, m, d)
             norm = fq @ fk.sum(-2, keepdim=True).transpose(-2, -1)        # (B, h, N, 1)
             out = (fq @ kv) / (norm + self.eps)

@@ -44,11 +44,12 @@ from .grid import (
     adaptive_pool,
     LandmarkCount, add_to_grid, grid_channels_first, head_conv, merge_heads, split_heads, tokens_from_channels_first,
 )
-from .landmark import LandmarkMixer, check_conv_kernel
+from .landmark import LandmarkMixer, check_conv_kernel, masked_nystrom
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
-from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops
+from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops, segment_flops
 from .registry import register_mixer
+from .sequence import as_row, is_sequence, segment_means, zero_padding
 
 #: the inverses of the landmark kernel (``inverse=``)
 INVERSES = ("newton", "exact", "newton_legacy")
@@ -185,6 +186,8 @@ class SoftAttention(LandmarkMixer):
         self.newton_alpha = opts["newton_alpha"]
         self.inverse = opts["inverse"]
         self.scale = self.head_dim ** -0.25
+        if self.inverse == "newton_legacy" or (self.inverse == "exact" and not self.newton_eps):
+            self.padding_mask = "by_length"     # a batch-global α / a singular empty block: no in-batch mask
         self._build_layers(stride, qkv_bias, proj_bias, proj_drop)
 
     def _check_options(self, landmarks, conv_kernel, newton_iters, opts: dict) -> None:
@@ -244,6 +247,8 @@ class SoftAttention(LandmarkMixer):
     # -- pieces --------------------------------------------------------------------------------
     def _landmarks(self, q: torch.Tensor, grid) -> torch.Tensor:
         """Landmarks ``(B, heads, m, d)`` from the (scaled) grid queries."""
+        if is_sequence(grid):
+            return self._from_means(segment_means(q, grid, self.sequence_landmarks(grid.length)))
         prefix, h, w = grid
         b, nh = q.shape[:2]
         mh, mw = self.landmark_count(h, w)
@@ -260,6 +265,13 @@ class SoftAttention(LandmarkMixer):
         else:
             g = F.avg_pool2d(g, s, s)
         return tokens_from_channels_first(g, b, nh)
+
+    def _from_means(self, lm: torch.Tensor) -> torch.Tensor:
+        """Landmarks from segment means on a 1-D sequence: with ``landmarks="conv"`` the s×s conv of a block
+        that holds the segment mean everywhere (its summed taps), then LayerNorm + GELU."""
+        if self.landmarks == "conv":
+            return self.Qnorm_act(lm @ self.Qlandmark_op.weight.sum((2, 3)).T)
+        return lm
 
     def _qv(self, x: torch.Tensor):
         q = split_heads(self.W_q(x), self.num_heads) * self.scale
@@ -293,58 +305,57 @@ class SoftAttention(LandmarkMixer):
     def analytic_flops(self, batch: int, n: int) -> int:
         m = landmark_total(self, n)
         total = linears_flops(self, batch * n)  # W_q, W_v, ff
-        total += batch * self.num_heads * self.landmark_flops(n, m)
+        total += batch * self.num_heads * (self.landmark_flops(n, m) + segment_flops(self, n, m, pooled=1))
         return total + local_conv_flops(self, batch, n)
 
     def landmark_flops(self, n: int, m: int) -> int:
         d, s = self.head_dim, self.landmark_stride
-        conv = 2 * m * d * d * s * s if self.landmarks == "conv" else 0    # the learnt landmark conv
+        window = 1 if self.sequence else s * s        # on a sequence: the conv's summed s×s taps, one product
+        conv = 2 * m * d * d * window if self.landmarks == "conv" else 0    # the learnt landmark conv
         return conv + nystrom_flops(n, m, d, self.newton_iters, tied=True, normalization=self.normalization,
                                     inverse=self.inverse)
 
     def _fused(self, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
-        """The token mixing before ``ff`` as one C call (:func:`vitmix.ops.nystrom.c.soft_mix`), with a C backward
-        (:func:`vitmix.ops.nystrom.c_grad.soft_mix_train`) when autograd records, on CPU in float32/float64, with the
+        """The token mixing before ``ff`` as one C call, with a C backward when autograd records
+        (:mod:`vitmix.mixers.fused.soft`), on CPU in float32/float64 where its ``supports`` rule holds: the
         Newton–Schulz inverse (not the legacy one) and the official landmark module (strided conv, LayerNorm,
         exact GELU) or average pooling; ``None`` otherwise (the composed path, :meth:`_composed`, runs). At small
         widths the composed path's small ops (two mkldnn convs per layer among them, forward and backward) cost
         more than their arithmetic."""
-        if self.inverse != "newton" or not self._eager_cpu(x):
-            return None
-        conv_lm = self.landmarks == "conv"
-        if conv_lm:     # the official module: LayerNorm with affine, exact GELU (replaced modules: composed)
-            norm, act = self.Qnorm_act
-            if not (isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None
-                    and isinstance(act, nn.GELU) and act.approximate == "none"):
-                return None
-        from ..ops.nystrom import c, c_grad
+        from .fused import soft as fused
 
-        prefix, h, w = grid
-        mh, mw = self.landmark_count(h, w)
-        s = self.landmark_stride
-        if mh * mw > c.MAX_LANDMARKS:
-            return None
-        mix = c_grad.soft_mix_train if self._needs_grad(x) else c.soft_mix
-        return mix(
-            self.W_q(x), self.W_v(x), self.Qlandmark_op.weight if conv_lm else None,
-            (norm.weight, norm.bias, norm.eps) if conv_lm else None, self.conv.weight if self.conv_kernel else None,
-            grid=grid, heads=self.num_heads, landmarks=(mh, mw), stride=s,
-            pool_first=self.landmark_hw is not None and (mh * s, mw * s) != (h, w), scale=self.scale,
-            eps=self.newton_eps, iters=self.newton_iters, alpha=self.newton_alpha, normalization=self.normalization)
+        return fused.mix(self, x, grid) if fused.supports(self, x, grid) else None
 
-    def mix(self, x, grid, attn_mask=None, is_causal=False):
+    def mix(self, x, grid, attn_mask=None, is_causal=False, mask=None):
+        if mask is not None:
+            return self.proj_drop(self.ff(self._masked(x, grid, mask)))
         fused = self._fused(x, grid)
         return self.proj_drop(self.ff(fused if fused is not None else self._composed(x, grid)))
 
     def _composed(self, x: torch.Tensor, grid) -> torch.Tensor:
         """The token mixing before ``ff`` as a composition of torch ops and :mod:`vitmix.ops` (every option, device
         and dtype; the reference of the C paths)."""
-        prefix, h, w = grid
+        prefix, h, w = as_row(grid)
         q, v = self._qv(x)
         lm = self._landmarks(q, grid)
         out = self._attend(q, v, lm)
         if self.conv_kernel:
             out = add_to_grid(out, head_conv(self.conv, v, prefix, h, w).to(out.dtype), prefix)
+        return merge_heads(out)
+
+    def _masked(self, x: torch.Tensor, grid, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`_composed` on a padded 1-D batch: each sample's own segment means, padded keys and empty
+        landmark slots left out (:func:`~vitmix.mixers.landmark.masked_nystrom`), padded values zero before
+        the local conv."""
+        q, v = self._qv(x)
+        pool, slots = self._landmark_pool(grid, mask, q.dtype)
+        lm = self._from_means(pool @ q)
+        v = zero_padding(v, mask)
+        out = masked_nystrom(q, q, v, lm, lm, slots, mask, "gaussian", iters=self.newton_iters, eps=self.newton_eps,
+                             alpha=self.newton_alpha, inverse=self.inverse, normalization=self.normalization,
+                             backend=self.backend).to(v.dtype)
+        if self.conv_kernel:
+            out = add_to_grid(out, head_conv(self.conv, v, *as_row(grid)).to(out.dtype), grid.prefix)
         return merge_heads(out)
 
     def _kernel_weights(self, x, grid, values):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from .base import AttentionProjections, TokenMixer
 from .flops import linear_flops
 from .registry import register_mixer
+from .sequence import key_mask
 
 
 def _masked_scores(scores: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
@@ -29,6 +30,16 @@ def _masked_scores(scores: torch.Tensor, attn_mask: Optional[torch.Tensor], is_c
     return scores
 
 
+def _with_key_padding(attn_mask: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``attn_mask`` that also leaves out the padded keys of a ``(B, N)`` key-padding ``mask``."""
+    keys = key_mask(mask)
+    if keys is None or attn_mask is None:
+        return keys if attn_mask is None else attn_mask
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keys
+    return attn_mask.masked_fill(~keys, float("-inf"))
+
+
 @register_mixer("softmax")
 class SoftmaxAttention(AttentionProjections, TokenMixer):
     """Multi-head softmax attention (timm-compatible).
@@ -39,6 +50,7 @@ class SoftmaxAttention(AttentionProjections, TokenMixer):
     """
 
     supports_attn_mask = True
+    padding_mask = "masked"     # the key-padding mask joins attn_mask (SDPA's boolean/additive mask)
 
     def __init__(
         self,
@@ -62,8 +74,9 @@ class SoftmaxAttention(AttentionProjections, TokenMixer):
         attn = 2 * (2 * batch * self.num_heads * n * n * self.head_dim)   # q·kᵀ and weights·v
         return linear_flops(batch * n, c, 3 * c) + attn + linear_flops(batch * n, c, c)
 
-    def mix(self, x, grid=None, attn_mask=None, is_causal=False):
+    def mix(self, x, grid=None, attn_mask=None, is_causal=False, mask=None):
         q, k, v = self._qkv(x)
+        attn_mask = _with_key_padding(attn_mask, mask)
         if self.fused:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,

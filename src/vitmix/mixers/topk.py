@@ -24,6 +24,7 @@ import torch
 
 from .base import AttentionProjections, TokenMixer
 from .registry import register_mixer
+from .sequence import key_mask
 
 __all__ = ["TopkAttention", "topk_attention_reference"]
 
@@ -52,6 +53,7 @@ class TopkAttention(AttentionProjections, TokenMixer):
     """
 
     complexity = "quadratic"
+    padding_mask = "masked"     # padded keys score -inf: never among a query's top k
 
     def __init__(self, dim: int, num_heads: int = 8, *args, topk: int = 100, **kwargs) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -61,9 +63,12 @@ class TopkAttention(AttentionProjections, TokenMixer):
         self.topk = topk
         self._init_projections(qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer)
 
-    def _weights(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """``(B, H, N, N)`` softmax weights over each query's top-k scores (exact zeros elsewhere)."""
+    def _weights(self, q: torch.Tensor, k: torch.Tensor, mask=None) -> torch.Tensor:
+        """``(B, H, N, N)`` softmax weights over each query's top-k scores (exact zeros elsewhere); padded
+        keys (``mask``) score -inf, so with fewer real keys than k every real key is kept."""
         scores = (q @ k.transpose(-1, -2)) * self.scale
+        if mask is not None:
+            scores = scores.masked_fill(~key_mask(mask), float("-inf"))
         # keep the scores >= each row's k-th largest (a selection, ~2x faster than a top-k sort here), by a
         # comparison that fuses into the softmax (a scatter of top-k indices does not fuse); only exact
         # ties at the k-th value keep more than k keys
@@ -71,9 +76,9 @@ class TopkAttention(AttentionProjections, TokenMixer):
         kth = scores.detach().kthvalue(n - min(self.topk, n) + 1, dim=-1, keepdim=True).values
         return scores.masked_fill(scores < kth, float("-inf")).softmax(dim=-1)
 
-    def mix(self, x, grid=None, attn_mask=None, is_causal=False):
+    def mix(self, x, grid=None, attn_mask=None, is_causal=False, mask=None):
         q, k, v = self._qkv(x)
-        w = self.attn_drop(self._weights(q, k))
+        w = self.attn_drop(self._weights(q, k, mask))
         return self._project_out(w.to(v.dtype) @ v)
 
     def analytic_flops(self, batch: int, n: int) -> int:

@@ -1,9 +1,11 @@
 """``vitmix.create_model``: ``timm.create_model`` that also understands ``mixer=``."""
 from __future__ import annotations
 
+import fnmatch
 import functools
 import inspect
 import re
+import warnings
 from typing import Optional
 
 import timm
@@ -30,9 +32,14 @@ def _timm_vit_names() -> list:
 
 
 def list_models(pattern: str = "") -> list:
-    """vitmix models plus timm's isotropic ViT/DeiT families (which accept any mixer)."""
+    """vitmix models plus timm's isotropic ViT/DeiT families (which accept any mixer).
+
+    ``pattern`` filters the names: with ``*``, ``?`` or ``[...]`` it is a shell-style wildcard over the
+    whole name, as in ``timm.list_models`` (``"laplacianformer_*"``); without, a substring (``"soft"``)."""
     ours = [m for m in timm.list_models() if is_vitmix_model(m)]
     names = sorted(set(ours) | set(_timm_vit_names()))
+    if any(c in pattern for c in "*?["):
+        return fnmatch.filter(names, pattern)
     return [n for n in names if pattern in n]
 
 
@@ -66,13 +73,61 @@ def _with_mixer_kwargs(fn):
             raise ValueError("this timm version has no VisionTransformer(attn_layer=...); install timm>=1.0.24")
         if kwargs.get("attn_layer") is not None:
             raise ValueError(f"{fn.__name__}: give mixer= or attn_layer=, not both")
-        kwargs["attn_layer"] = mixer_attn_layer(mixer, mixer_options)
-        model = fn(pretrained=pretrained, **kwargs)
+        if pretrained and mixer is not None and mixer != _source_mixer(kwargs)[0]:
+            model = _pretrained_and_converted(fn, mixer, mixer_options, kwargs)
+        else:
+            kwargs["attn_layer"] = mixer_attn_layer(mixer, mixer_options)
+            model = _load_pretrained(fn, pretrained, kwargs, f"mixer={mixer!r} with mixer_options={mixer_options}")
         _finish(model, fn.__name__, kwargs)
         return model
 
     entrypoint.takes_vitmix_mixer = True
     return entrypoint
+
+
+def _source_mixer(kwargs: dict) -> tuple:
+    """``(mixer, mixer_options)`` the pretrained weights were saved with: a vitmix config read by timm
+    (``hf-hub:``/``local-dir:``) names them in its model args, which timm passes on as
+    ``pretrained_model_args``; timm's own checkpoints have softmax attention (``None``)."""
+    saved = kwargs.get("pretrained_model_args") or {}
+    return saved.get("mixer"), saved.get("mixer_options") or None
+
+
+def _load_pretrained(fn, pretrained: bool, kwargs: dict, built_as: str) -> nn.Module:
+    """``fn(pretrained, **kwargs)``: timm's own build and (strict) weight loading; weights that do not fit
+    the model are a one-line ``ValueError`` naming the first tensor that does not."""
+    if not pretrained:
+        return fn(pretrained=False, **kwargs)
+    from ..conversion.swap import load_error
+
+    try:
+        return fn(pretrained=True, **kwargs)
+    except RuntimeError as err:
+        raise ValueError(f"{fn.__name__}(pretrained=True): the pretrained weights do not fit the model built "
+                         f"as {built_as}: {load_error(err)}; build it as the checkpoint was saved "
+                         f"(its mixer and options, num_classes, img_size), or pick the model the file is of") from None
+
+
+def _pretrained_and_converted(fn, mixer: str, mixer_options: Optional[dict], kwargs: dict) -> nn.Module:
+    """``pretrained=True`` with a mixer the weights were not trained with: the model the checkpoint was
+    saved as (timm's softmax ViT, or a vitmix config's mixer) loads them through timm's own path, and
+    :func:`vitmix.convert` swaps its attention for ``mixer`` (q/k/v and output carried over)."""
+    from ..conversion.swap import convert
+
+    source, source_options = _source_mixer(kwargs)
+    teacher_kwargs = dict(kwargs)
+    if source is not None:
+        teacher_kwargs["attn_layer"] = mixer_attn_layer(source, source_options)
+    teacher = _load_pretrained(fn, True, teacher_kwargs, "saved" if source else "timm's softmax ViT")
+    try:
+        model = convert(teacher, mixer, inplace=True, **(mixer_options or {}))
+    except ValueError as err:
+        raise ValueError(f"{fn.__name__}(pretrained=True, mixer={mixer!r}): the pretrained "
+                         f"{source or 'softmax'} weights do not convert: {err}") from None
+    warnings.warn(f"{fn.__name__}: pretrained {source or 'softmax'} weights converted to mixer {mixer!r} "
+                  f"(vitmix.convert); its attention is not trained yet: run an attention transfer stage and "
+                  f"fine-tune before use (docs/convert.md)", UserWarning, stacklevel=3)
+    return model
 
 
 def let_timm_vits_take_mixers() -> None:
@@ -95,6 +150,9 @@ def create_model(name: str, pretrained: bool = False, *, mixer: Optional[str] = 
     (``deit_tiny_patch16_224``, ``vit_base_patch16_224`` ...), where the mixer goes in through
     ``attn_layer``. Image sizes must be divisible by the patch size. The token grid is fixed on
     the mixers so non-square inputs work; pass ``dynamic_img_size=True`` to infer it per call.
+    ``pretrained=True`` with a mixer the checkpoint was not saved with (timm's softmax ViT/DeiT
+    weights) loads them through timm and converts them with :func:`vitmix.convert`, with one warning
+    line: the converted attention needs a transfer stage and fine-tuning (``docs/convert.md``).
     """
     fn = _entrypoint(name)
     if _takes_mixer(fn):    # by name, so that timm records JSON model args (save_for_hf / local-dir: rebuild it)

@@ -31,6 +31,7 @@ loads official ``fudan-zvg/SOFT`` checkpoints through timm's pretrained path.
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -491,6 +492,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor],
     if not any(k.startswith(("patch_embed1.", "block1.")) for k in state_dict):
         out = dict(state_dict)
     else:
+        if model is not None:     # _create builds such a model again with preset="official" unless one was asked for
+            model.official_checkpoint = True
         out = {_official_key(key): val for key, val in state_dict.items()}
         # stage-4 softmax attention: official q + kv linears → one qkv linear
         for key in [k for k in out if k.endswith((".attn.q.weight", ".attn.q.bias"))]:
@@ -543,8 +546,30 @@ def _check_preset(variant: str, mixer: str, preset: str) -> None:
                          f"mixer {mixer!r} has no presets (mixers with presets: {', '.join(having)}); drop preset=")
 
 
+def _asks_for_preset(mixer_options) -> bool:
+    options = mixer_options if isinstance(mixer_options, (list, tuple)) else [mixer_options]
+    return any("preset" in (o or {}) for o in options)
+
+
 def _create(variant: str, pretrained: bool, arch: dict, defaults: dict, mixer=None, mixer_options=None,
             rope: Optional[bool] = None, preset: Optional[str] = None, **kwargs) -> PyramidTransformer:
+    """Build ``variant``. An official ``fudan-zvg/SOFT`` checkpoint (recognised by the checkpoint filter)
+    loaded without a preset is built again with ``preset="official"``, so that it computes as the
+    official model (the default landmarks differ), and one warning line says how to keep the defaults."""
+    model = _build(variant, pretrained, arch, defaults, mixer, mixer_options, rope, preset, **kwargs)
+    chosen = mixer or defaults["mixer"]
+    official = getattr(getattr(model, "model", model), "official_checkpoint", False)    # features_only: .model
+    if (official and preset is None and not _asks_for_preset(mixer_options)
+            and getattr(get_mixer_class(chosen), "presets", None) is not None):
+        warnings.warn(f"{variant}: an official fudan-zvg/SOFT checkpoint, so the {chosen} mixers use "
+                      f"preset='official' (the official model's landmarks and inverse); pass preset='default' "
+                      f"for vitmix's defaults", UserWarning, stacklevel=3)
+        model = _build(variant, pretrained, arch, defaults, mixer, mixer_options, rope, "official", **kwargs)
+    return model
+
+
+def _build(variant: str, pretrained: bool, arch: dict, defaults: dict, mixer, mixer_options, rope, preset,
+           **kwargs) -> PyramidTransformer:
     args = dict(arch, **defaults)
     if mixer is not None:
         args["mixer"] = mixer

@@ -4,11 +4,13 @@
 width 64 with 2 heads of 32 and an FFN of 128, learned position embeddings, mean pooling over all tokens
 and a two-layer ReLU head of the FFN's width. The input is ``(B, N)`` ids: symbol or byte ids through an
 embedding table (``embed="tokens"``, as LRA embeds even pixels), or 8-bit pixel intensities through a
-linear embedding of the scaled value (``embed="linear"``). Padding is not masked: id 0 is a token like any
-other, and the mean pools it too.
+linear embedding of the scaled value (``embed="linear"``). Without a mask, padding is not masked: id 0 is a
+token like any other, and the mean pools it too; ``model(ids, mask=...)`` with a key-padding mask
+(``(B, N)`` bool, ``True`` on real tokens, right padding) leaves the padded tokens out of every mixer and of
+the mean, so a padded sample is classified as it is alone.
 
-Mixers see a plain sequence without a CLS token, told as a ``1 × N`` grid. Spatial mixers (those that
-pool a 2-D grid) are refused with a one-line ``ValueError`` naming the mixers that work on 1-D sequences.
+Mixers are told a 1-D sequence without a CLS token (``sequence=True``; Linformer is sized for ``seq_len``).
+A mixer without a 1-D behaviour is refused with a one-line ``ValueError``.
 """
 from __future__ import annotations
 
@@ -27,8 +29,24 @@ EMBEDDINGS = ("tokens", "linear")
 
 
 def sequence_mixers() -> list:
-    """The registered mixers that work on a 1-D sequence (the non-spatial ones)."""
-    return [m for m in list_mixers() if not get_mixer_class(m).spatial]
+    """The registered mixers that work on a 1-D sequence (those with a 1-D behaviour, ``vitmix mixers``)."""
+    return [m for m in list_mixers() if get_mixer_class(m).sequence_support(refuse=False) is not None]
+
+
+def _mixer_class(name: str):
+    """The mixer class ``name``; a name that is not a mixer but an image model family (WeightFormer, whose
+    dynamic weights and depthwise convolutions are built on the 2-D patch grid) is a one-line error saying so."""
+    try:
+        return get_mixer_class(name)
+    except ValueError:
+        import timm
+
+        images = [m for m in timm.list_models(f"{name}*") if not is_sequence_model(m)] if isinstance(name, str) else []
+        if not images:
+            raise
+        raise ValueError(f"{name!r} is an image model ({', '.join(images[:3])}), not a token mixer: it works on a 2-D "
+                         f"patch grid by design; sequence models take the mixers that work on 1-D sequences: "
+                         f"{', '.join(sequence_mixers())}") from None
 
 
 class SequenceClassifier(nn.Module):
@@ -46,7 +64,8 @@ class SequenceClassifier(nn.Module):
         drop_rate: dropout after the embedding, in the FFN and on the mixer's output; ``attn_drop_rate``:
             on attention weights (not every mixer has them); ``drop_path_rate``: stochastic depth.
 
-    Shapes: ``forward(ids (B, N))`` → ``(B, num_classes)`` with ``N <= seq_len``.
+    Shapes: ``forward(ids (B, N), mask=None)`` → ``(B, num_classes)`` with ``N <= seq_len``; ``mask`` is an
+    optional ``(B, N)`` key-padding mask (see the module docstring).
     """
 
     def __init__(self, num_classes: int = 10, seq_len: int = 2000, vocab_size: int = 256, embed: str = "tokens",
@@ -59,7 +78,7 @@ class SequenceClassifier(nn.Module):
         if seq_len < 1 or vocab_size < 2:
             raise ValueError(f"seq_len must be >= 1 and vocab_size >= 2, got {seq_len} and {vocab_size}")
         name = mixer or "softmax"
-        if get_mixer_class(name).spatial:
+        if _mixer_class(name).sequence_support(refuse=False) is None:
             raise ValueError(f"mixer {name!r} needs a 2-D token grid; sequence models take the mixers that work on "
                              f"1-D sequences: {', '.join(sequence_mixers())}")
         self.num_classes, self.seq_len, self.vocab_size, self.embed = num_classes, seq_len, vocab_size, embed
@@ -81,7 +100,7 @@ class SequenceClassifier(nn.Module):
         trunc_normal_(self.pos_embed, std=0.02)
         if embed == "tokens":
             nn.init.normal_(self.tokens.weight, std=0.02)
-        set_token_grid(self, (1, seq_len), 0)      # mixers sized by N (Linformer) are built for seq_len
+        set_token_grid(self, (1, seq_len), 0, sequence=True)     # mixers sized by N (Linformer): for seq_len
 
     def _make_head(self, num_classes: int) -> nn.Module:
         if num_classes <= 0:
@@ -119,16 +138,27 @@ class SequenceClassifier(nn.Module):
             x = self.tokens((ids.to(self.pos_embed.dtype) / (self.vocab_size - 1)).unsqueeze(-1))
         return self.pos_drop(x + self.pos_embed[:, :n])
 
-    def forward_features(self, ids: Tensor) -> Tensor:
-        """``(B, N, C)`` normalised tokens after the blocks."""
-        return self.norm(self.blocks(self.embed_ids(ids)))
+    def forward_features(self, ids: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """``(B, N, C)`` normalised tokens after the blocks (with ``mask``, the mixers leave padding out)."""
+        x = self.embed_ids(ids)
+        if mask is None:
+            return self.norm(self.blocks(x))
+        for block in self.blocks:       # timm's Block.forward has no key-padding mask: its steps, with one
+            x = x + block.drop_path1(block.ls1(block.attn(block.norm1(x), mask=mask)))
+            x = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
+        return self.norm(x)
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        x = x.mean(dim=1)
+    def forward_head(self, x: Tensor, pre_logits: bool = False, mask: Optional[Tensor] = None) -> Tensor:
+        """Mean over the tokens (the real ones with ``mask``), then the head unless ``pre_logits``."""
+        if mask is None:
+            x = x.mean(dim=1)
+        else:
+            weights = mask.to(x.dtype).unsqueeze(-1)
+            x = (x * weights).sum(dim=1) / weights.sum(dim=1)
         return x if pre_logits else self.head(x)
 
-    def forward(self, ids: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(ids))
+    def forward(self, ids: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return self.forward_head(self.forward_features(ids, mask), mask=mask)
 
 
 # timm's configs hold an input as (C, H, W): a sequence is read as 1 x 1 x N (ids, so no mean/std)

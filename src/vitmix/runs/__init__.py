@@ -1,7 +1,8 @@
 """What every training task shares (``vitmix train``, ``vitmix generate train``, ``vitmix dense train``):
 the run directory (:mod:`.directory`), checkpoint IO and :func:`load_model` (:mod:`.checkpoints`), one
 epoch's checkpoint set and ``--resume`` (:mod:`.resume`), one checked optimizer step (:mod:`.optim`),
-``--device`` (:mod:`.device`), and the YAML config and CLI flags (:mod:`.flags`). A task keeps only its
+``--device`` (:mod:`.device`), torchrun set-up (:mod:`.distributed`), the YAML config and CLI flags
+(:mod:`.flags`), and which task's code evaluates a checkpoint (:mod:`.tasks`). A task keeps only its
 loop, its config class, its checkpoint files and the fields a resume may change."""
 from .._lazy import lazy_attributes
 
@@ -16,25 +17,31 @@ _EXPORTS = {
     "atomic_write": ".checkpoints:atomic_write",
     "build_classifier": ".checkpoints:build_classifier",
     "check_replaceable": ".directory:check_replaceable",
+    "check_output_dir": ".directory:check_output_dir",
     "check_resumable": ".directory:check_resumable",
     "check_subset": ".resume:check_subset",
+    "checkpoint_task": ".tasks:checkpoint_task",
     "checked_step": ".optim:checked_step",
     "clear_aborted": ".directory:clear_aborted",
     "default_device": ".device:default_device",
+    "evaluator": ".tasks:evaluator",
     "file_digest": ".checkpoints:file_digest",
     "flag_of": ".directory:flag_of",
     "load_checkpoint": ".checkpoints:load_checkpoint",
     "load_into": ".checkpoints:load_into",
+    "load_meta": ".checkpoints:load_meta",
     "load_model": ".checkpoints:load_model",
     "load_state": ".checkpoints:load_state",
     "load_weights": ".checkpoints:load_weights",
     "model_meta": ".checkpoints:model_meta",
     "parse_device": ".device:parse_device",
     "prepare_run_dir": ".directory:prepare_run_dir",
+    "read_checkpoint": ".checkpoints:read_checkpoint",
     "read_state_dict": ".checkpoints:read_state_dict",
     "remove_stray_temporaries": ".directory:remove_stray_temporaries",
     "resolve_checkpoint": ".checkpoints:resolve_checkpoint",
     "resume_run": ".resume:resume_run",
+    "resuming_line": ".resume:resuming_line",
     "rng_state": ".resume:rng_state",
     "run_directory": ".directory:run_directory",
     "save_manifest": ".resume:save_manifest",

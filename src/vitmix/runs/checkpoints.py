@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
+import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -19,33 +19,25 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .._util import atomic_write  # noqa: F401  (re-exported: the tasks write through runs)
+
 _META_KEY = "vitmix"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())        # mkstemp makes 0600; give the file a normal file's mode
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def tensor_bytes(obj) -> int:
+    """The bytes of the tensors in ``obj`` (nested dicts, lists and tuples): about the size of its file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def save_text(path: Path, text: str) -> None:
     """Write a text file atomically (e.g. ``metrics.jsonl``)."""
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), len(text.encode()))
 
 
 def file_digest(path: Path) -> str:
@@ -67,11 +59,21 @@ def unwrap(model: nn.Module) -> nn.Module:
 def save_weights(model: nn.Module, path: Path, meta: Dict[str, Any]) -> None:
     """Write the model's weights and the metadata needed to rebuild it (``meta``) as safetensors."""
     state = {k: v.detach().contiguous().cpu() for k, v in unwrap(model).state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={_META_KEY: json.dumps(meta)}))
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={_META_KEY: json.dumps(meta)}), tensor_bytes(state))
 
 
 def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """Read ``(state_dict, meta)`` from a vitmix safetensors checkpoint."""
+    meta = load_meta(path)
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise _unreadable(path, err) from None
+    return state, meta
+
+
+def load_meta(path: Path) -> Dict[str, Any]:
+    """The metadata of a vitmix safetensors checkpoint, without reading its tensors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -79,12 +81,14 @@ def load_weights(path: Path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get(_META_KEY, "{}"))
-        state = load_file(str(path))
+            return json.loads((f.metadata() or {}).get(_META_KEY, "{}"))
     except (SafetensorError, OSError, json.JSONDecodeError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable safetensors checkpoint ({err}); it may be truncated "
-                         "or corrupt — use the run's other checkpoint (best/last)") from None
-    return state, meta
+        raise _unreadable(path, err) from None
+
+
+def _unreadable(path: Path, err: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable safetensors checkpoint ({err}); it may be truncated "
+                      "or corrupt — use the run's other checkpoint (best/last)")
 
 
 def load_into(model: nn.Module, state: Dict[str, torch.Tensor], source: str = "checkpoint",
@@ -120,28 +124,48 @@ def _mismatch(source: str, own: dict, state: dict, missing: list, unexpected: li
                      + ". Build the model with the same --model/--mixer/--img-size as the run")
 
 
-def read_state_dict(path) -> Dict[str, torch.Tensor]:
-    """The weights in a vitmix safetensors checkpoint or a torch ``.pt``/``.pth`` file (read with
+def is_safetensors(path: Path) -> bool:
+    """Whether ``path`` is read as safetensors (else as a torch file), by its first bytes: safetensors
+    starts with an 8-byte header length and the header's ``{``, torch with a zip or pickle signature;
+    a file too short or damaged to tell goes by its suffix."""
+    with open(path, "rb") as fh:
+        head = fh.read(9)
+    if len(head) == 9 and head[8:9] == b"{":
+        return True
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        return False
+    return Path(path).suffix == ".safetensors"
+
+
+def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """``(state_dict, meta)`` of a checkpoint file: the one reader behind every entry point that takes
+    weights (``--init-from``, ``eval``, ``load_model``, ``convert``, ``save_pretrained``, ``analyze``).
+    A safetensors file gives its vitmix metadata; a torch state dict (``.pt``/``.pth``; read with
     ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's ``module.``
-    prefix are removed). Unreadable files are a one-line ``ValueError``."""
+    prefix removed) gives ``meta = {}``. Unreadable files are a one-line ``ValueError``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.suffix == ".safetensors":
-        return load_weights(path)[0]
-    obj = load_state(path)
+    if is_safetensors(path):
+        return load_weights(path)
+    obj = _torch_load(path, "checkpoint")
     for key in ("model", "state_dict", "model_state_dict", "model_state"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
             break
     if not isinstance(obj, dict):
         raise ValueError(f"{path} holds no state dict")
-    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}, {}
+
+
+def read_state_dict(path) -> Dict[str, torch.Tensor]:
+    """The weights of a checkpoint file (see :func:`read_checkpoint`)."""
+    return read_checkpoint(path)[0]
 
 
 def save_state(path: Path, state: Dict[str, Any]) -> None:
     """Write the resumable training state (tensors, numbers, strings and dicts/lists of them only)."""
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    atomic_write(path, lambda tmp: torch.save(state, tmp), tensor_bytes(state))
 
 
 def load_state(path: Path) -> Dict[str, Any]:
@@ -149,13 +173,38 @@ def load_state(path: Path) -> Dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no training state at {path}; cannot resume")
+    return _torch_load(path, "training state")
+
+
+def _torch_load(path: Path, what: str):
+    """``torch.load(path, weights_only=True)``; a file it refuses or cannot read is a one-line
+    ``ValueError`` in vitmix's words (torch's own message for a refused pickle is many lines and ends
+    in advice to turn the protection off)."""
     try:
         with warnings.catch_warnings():   # torch's note on foreign pickle protocols precedes our error
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for corrupt or unsafe files
-        raise ValueError(f"{path} is not a loadable training state ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:200]})") from None
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):
+            raise ValueError(f"{path} is not a loadable {what}: it is truncated or corrupt ({_first_line(err)})"
+                             ) from None
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        raise ValueError(
+            f"{path} is not a loadable {what}: it holds pickled code "
+            f"({found.group(1) if found else 'objects beyond tensors'}), not only tensors, and vitmix will not "
+            "unpickle it, since that could run arbitrary code. If you trust its source, convert it once: in Python, "
+            f"torch.load('{path}', weights_only=False), then save only its tensors with torch.save(state_dict, "
+            "'weights.pt') or safetensors.torch.save_file(state_dict, 'weights.safetensors'), and give that file"
+        ) from None
+    except Exception as err:  # torch raises several types for corrupt files (RuntimeError, EOFError, ...)
+        raise ValueError(f"{path} is not a loadable {what}: it is empty, truncated or corrupt "
+                         f"({_first_line(err)})") from None
+
+
+def _first_line(err: Exception) -> str:
+    """``Type: first line of the message`` (at most 200 characters), also for an empty message."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
 
 
 #: Which file of a run directory :func:`resolve_checkpoint` takes, first match wins. A classifier run
@@ -209,8 +258,13 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
     from .device import parse_device
 
     path = resolve_checkpoint(checkpoint)
-    state, meta = load_weights(path)
+    state, meta = read_checkpoint(path)
     missing = [k for k in ("model", "num_classes", "in_chans", "img_size") if k not in meta]
+    if not is_safetensors(path):
+        raise ValueError(f"{path} is a torch state dict: weights without the vitmix metadata of their model, so "
+                         "vitmix cannot rebuild it. Build the model (vitmix.create_model) and load them with "
+                         f"vitmix.runs.load_into(model, vitmix.runs.read_state_dict('{path}')), or start a run from "
+                         f"them with `vitmix train --init-from {path} --model NAME --mixer NAME`")
     if missing:
         raise ValueError(f"{path} has no vitmix metadata ({', '.join(missing)} missing); was it written by "
                          "vitmix train? Build the model yourself and load it with load_into")
@@ -220,12 +274,42 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
                              mixer_options=meta.get("mixer_options"), model_options=meta.get("model_options"),
                              data=meta.get("data"))
     load_into(model, state, str(path))
+    set_data_config(model, run_data_config(meta))
     return model.to(dev).eval(), meta, path
+
+
+def known_dataset(data: Optional[str]):
+    """The ``DatasetInfo`` vitmix holds for ``data`` without reading it (digits, Fashion-MNIST), else None."""
+    from ..data import datasets
+
+    infos = [v for v in vars(datasets).values() if isinstance(v, datasets.DatasetInfo) and v.name == data]
+    return infos[0] if infos else None
+
+
+def run_data_config(meta: Dict[str, Any]) -> Dict[str, Any]:
+    """The preprocessing a run trained with, as timm's ``pretrained_cfg`` keys: its channels and image size,
+    and for datasets vitmix knows without reading them the normalisation (evaluation resizes, no crop)."""
+    size = int(meta["img_size"])
+    config: Dict[str, Any] = dict(input_size=(int(meta["in_chans"]), size, size))
+    info = known_dataset(meta.get("data"))
+    if info is not None:
+        config.update(mean=tuple(info.mean), std=tuple(info.std), crop_pct=1.0, interpolation="bilinear")
+    return config
+
+
+def set_data_config(model: nn.Module, config: Dict[str, Any]) -> None:
+    """Give ``model.pretrained_cfg`` (and timm's ``default_cfg`` alias) the data ``config``, so that
+    ``timm.data.resolve_data_config(model=model)`` builds the preprocessing the weights were trained with."""
+    if isinstance(getattr(model, "pretrained_cfg", None), dict):
+        model.pretrained_cfg = dict(model.pretrained_cfg, **config)
+        model.default_cfg = model.pretrained_cfg
 
 
 def load_model(checkpoint, device: Optional[str] = None) -> nn.Module:
     """The model of a vitmix checkpoint file or run directory, rebuilt from the checkpoint's own
     metadata (model, mixer and its options, classes, channels, image size) and put in eval mode.
+    Its ``pretrained_cfg`` is the run's data config (:func:`run_data_config`), so timm's
+    ``resolve_data_config(model=model)`` gives the run's channels, size and normalisation.
 
     >>> model = vitmix.load_model("runs/my-run")          # doctest: +SKIP  (its best.safetensors)
     """

@@ -1,7 +1,8 @@
 """The run directory of a ``vitmix train`` or ``vitmix generate train`` run: its name, the checks
 before anything is written (a new run never lands on an existing one or on a folder of other
 files; ``--resume`` keeps the run's ``config.yaml``), the marker of a run that stopped with a
-non-finite loss, and the temporaries an interrupted atomic write leaves behind."""
+non-finite loss, and the temporaries an interrupted atomic write leaves behind. The folder rule is
+:func:`check_output_dir`, which every other command that writes a folder follows too."""
 from __future__ import annotations
 
 import json
@@ -44,11 +45,25 @@ def prepare_run_dir(cfg, config_cls: Type, may_change: Sequence[str], name: str)
         check_resumable(cfg, run_dir, config_cls, may_change)
     elif (run_dir / "config.yaml").exists():
         check_replaceable(run_dir)
-    elif run_dir.is_dir() and any(run_dir.iterdir()):
-        first = sorted(p.name for p in run_dir.iterdir())[0]
-        raise ValueError(f"--out {run_dir} is a non-empty directory that holds no vitmix run (it has {first}); "
-                         "give a new or empty directory, so that no file of yours is overwritten")
+    else:
+        check_output_dir(run_dir, ("config.yaml",), "vitmix run")
     return run_dir
+
+
+def check_output_dir(out: Path, markers: Sequence[str], what: str, flag: str = "--out") -> None:
+    """The one rule of every command that writes a folder: it may write into a new or empty folder,
+    or into one that holds its own earlier output (any of the files ``markers``, e.g. ``compare.yaml``),
+    which it resumes or refreshes; a file, or a non-empty folder without a marker (files the command did
+    not write), is a one-line ``ValueError`` naming the folder and the way out, and nothing is written."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out} is a file; give a directory for the {what}")
+    if not out.is_dir() or any((out / name).is_file() for name in markers):
+        return
+    names = sorted(p.name for p in out.iterdir())
+    if names:
+        raise ValueError(f"{flag} {out} is a non-empty directory that holds no {what} (it has {names[0]}); "
+                         "give a new or empty directory, so that no file of yours is overwritten")
 
 
 def check_resumable(cfg, run_dir: Path, config_cls: Type, may_change: Sequence[str]) -> None:
@@ -62,7 +77,8 @@ def check_resumable(cfg, run_dir: Path, config_cls: Type, may_change: Sequence[s
     for name in config_cls.field_names():
         mine, theirs = getattr(cfg, name), getattr(saved, name)
         if name not in may_change and mine != theirs:
-            raise ValueError(f"--resume: {flag_of(name)} {mine!r} differs from the run's {theirs!r} ({saved_path}); "
+            was = "unset (the model's default)" if theirs is None else repr(theirs)
+            raise ValueError(f"--resume: {flag_of(name)} {mine!r} differs from the run's {was} ({saved_path}); "
                              f"a resumed run keeps its config (only {', '.join(may_change[2:])} may change): drop "
                              "the flag or train into a new --out")
 

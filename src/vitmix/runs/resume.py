@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -16,7 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoints import file_digest, load_into, load_state, load_weights, save_state, save_text, unwrap
+from .._util import plural
+
+from .checkpoints import (
+    atomic_write, file_digest, load_into, load_state, load_weights, save_state, save_text, unwrap,
+)
 from .directory import remove_stray_temporaries
 
 
@@ -118,7 +123,32 @@ def resume_run(run_dir: Path, parts: Trainable, log, rewrite: Callable[[List[dic
             f"resuming from the complete set of epoch {epoch} in {run_dir}/state.pt")
         save_metrics(run_dir, history)
         rewrite(history)
+        _restore_files(run_dir, state["files"], stale, epoch, log)
     return Resumed(epoch, step, history, state)
+
+
+def _restore_files(run_dir: Path, files: Dict[str, str], stale: Sequence[str], epoch: int, log) -> None:
+    """Give back the complete set's own copy of each file in ``stale`` that ``rewrite`` did not: from
+    a file of the set with the same recorded digest (``best`` is a copy of ``last`` or of a ``top/``
+    file of the epoch that set it). A file whose contents no file of the set holds is removed, so that
+    no reader takes a truncated or foreign file for the set's."""
+    def intact(name: str) -> bool:
+        return (run_dir / name).is_file() and file_digest(run_dir / name) == files[name]
+
+    for name in stale:
+        if name not in files or intact(name):            # a top/ file of the unfinished epoch; rewritten
+            continue
+        twin = next((other for other, digest in files.items()
+                     if other != name and digest == files[name] and intact(other)), None)
+        if twin is not None:
+            atomic_write(run_dir / name, lambda tmp, source=run_dir / twin: shutil.copyfile(source, tmp),
+                         (run_dir / twin).stat().st_size)
+            log(f"warning: restored {name} of epoch {epoch}'s set from {twin}")
+            continue
+        (run_dir / name).unlink(missing_ok=True)
+        log(f"warning: {run_dir / name} was not the one of epoch {epoch}'s set and no other file holds its "
+            "contents: removed it (the run's other checkpoints stand in for it, e.g. last.safetensors for "
+            "best; the next epoch that writes it puts it back)")
 
 
 def _restore(run_dir: Path, parts: Trainable, state: dict) -> None:
@@ -163,3 +193,9 @@ def check_subset(size: Optional[int], available: int, flag: str = "--train-subse
     """``size`` must be between 1 and ``available`` (or ``None``)."""
     if size is not None and not 0 < size <= available:
         raise ValueError(f"{flag} {size} must be between 1 and the {available} training images")
+
+
+def resuming_line(run_dir: Path, epoch: int, step: int) -> str:
+    """What a resume says before it trains: where it continues (epoch N = the first one to run)."""
+    return (f"resuming {run_dir} at epoch {epoch + 1}, after {plural(epoch, 'finished epoch')} and "
+            f"{plural(step, 'step')}")

@@ -1,4 +1,4 @@
-"""Training and evaluation: config, engine, checkpoints, distributed set-up, plots."""
+"""Training and evaluation: config, engine, checkpoints, plots (torchrun set-up is in ``runs/distributed.py``)."""
 from .._lazy import lazy_attributes
 
 __getattr__, __dir__ = lazy_attributes(__name__, {

@@ -189,13 +189,17 @@ def run_train(args) -> int:
 
 
 def run_eval(args) -> int:
-    from .runner import evaluate_checkpoint
+    """``vitmix eval``: the checkpoint's task picks its evaluator (``runs/tasks.py``)."""
+    from ..runs.tasks import evaluator
 
     checkpoint = _eval_checkpoint(args)
-    from ..dense.runner import is_dense_checkpoint
+    return evaluator(checkpoint)(args, checkpoint)
 
-    if is_dense_checkpoint(checkpoint):   # a segmentation/detection run: its task's metrics
-        return _run_dense_eval(args, checkpoint)
+
+def eval_classifier(args, checkpoint: str) -> int:
+    """``vitmix eval`` of a classifier: validation accuracy, or the corruption report."""
+    from .runner import evaluate_checkpoint
+
     if args.corruptions is not None:
         if args.results_file is not None:
             raise ValueError("--results-file is for the plain evaluation; with --corruptions the results go to "
@@ -212,17 +216,6 @@ def run_eval(args) -> int:
     if results_file is not None:
         results_file.write_text(json.dumps(r, indent=2) + "\n")
     return 0
-
-
-def _run_dense_eval(args, checkpoint: str) -> int:
-    from ..dense.cli import report_eval
-
-    given = [flag for flag in ("corruptions", "severities", "seed", "out", "data") if getattr(args, flag) is not None]
-    if given:
-        raise ValueError(f"--{given[0]} is for classifiers; {checkpoint} is a `vitmix dense` run "
-                         "(see `vitmix dense eval --help`)")
-    return report_eval(checkpoint, args.data_dir, args.batch_size, args.device, args.amp,
-                       results_file=_results_file(args.results_file))
 
 
 def _results_file(path):
@@ -250,17 +243,23 @@ def _run_corruptions(args, checkpoint: str) -> int:
     """``vitmix eval --corruptions``: every name, severity and path is checked before any work."""
     from ..data.corruptions import parse_corruptions, parse_severities
     from .robustness import (
-        corruption_summary, corruption_table, default_report_dir, evaluate_checkpoint_corruptions,
+        REPORT_FILES, corruption_summary, corruption_table, default_report_dir, evaluate_checkpoint_corruptions,
         write_corruption_report,
     )
+    from ..runs import check_output_dir
     from .runner import resolve_checkpoint
 
     names = parse_corruptions(args.corruptions)
     severities = parse_severities(args.severities if args.severities is not None else "1,2,3,4,5")
     resolve_checkpoint(checkpoint)                      # a missing checkpoint fails here, before the data
     out = Path(args.out) if args.out else default_report_dir(checkpoint)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a directory for the corruption report")
+    if args.out:          # a folder given must be new, empty, a run's or hold an earlier report
+        check_output_dir(out, ("corruptions.json", "config.yaml"), "corruption report")
+    elif not (out / "corruptions.json").is_file():    # the checkpoint's folder: never over files of yours
+        theirs = [name for name in REPORT_FILES if (out / name).exists()]
+        if theirs:
+            raise ValueError(f"{out} holds {theirs[0]}, which no corruption report wrote: give --out DIR for "
+                             "the report, so that no file of yours is overwritten")
     result = evaluate_checkpoint_corruptions(
         checkpoint, data=args.data, data_dir=args.data_dir, device=args.device, corruptions=names,
         severities=severities, seed=args.seed or 0, batch_size=args.batch_size, amp=args.amp)

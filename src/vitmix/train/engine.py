@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from .._util import autocast
 from .checkpoint import unwrap
-from .distributed import DistInfo, SampleKeys, all_reduce_sum
+from ..runs.distributed import DistInfo, SampleKeys, all_reduce_sum
 
 
 def _quiet(info: DistInfo) -> bool:

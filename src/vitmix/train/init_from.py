@@ -1,6 +1,10 @@
 """``vitmix train --init-from RUN_OR_FILE --mixer NAME``: a run that starts from a trained model.
 
-The teacher (a vitmix run directory or checkpoint file, only ever read) is converted to ``--mixer``
+The teacher is a vitmix run directory or checkpoint file, a timm model's weights file
+(``--model deit_tiny_patch16_224 --init-from deit.safetensors``: read with timm's checkpoint filter,
+which fits the head, channels and position embeddings to the data), or a model shared the timm
+way (``hf-hub:ORG/NAME``, ``local-dir:DIR``: its config names the architecture). It is only ever
+read, and converted to ``--mixer``
 with :func:`vitmix.convert`; ``--transfer-epochs K`` first trains the new mixers to reproduce the
 teacher's attention (:func:`vitmix.conversion.transfer_attention`), and ``--distill`` adds the frozen
 teacher's logits to the fine-tuning loss (:class:`LogitDistillation`). What a resume needs is in
@@ -15,16 +19,17 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..runs import (
-    build_classifier, file_digest, flag_of, load_into, load_weights, read_state_dict, resolve_checkpoint,
+    build_classifier, file_digest, flag_of, load_into, load_weights, read_checkpoint, resolve_checkpoint,
     save_text, save_weights,
 )
+from ..models import is_vitmix_model
 from .config import TrainConfig
 
 #: the run's record of its teacher and transfer stage, and the weights the transfer stage ended with
@@ -36,6 +41,10 @@ MSE_BATCHES = 4
 _ARCHITECTURE = ("model", "model_options", "img_size", "num_frames")
 #: the metadata a vitmix checkpoint rebuilds its model from (a file without it is built from the flags)
 _REBUILD_KEYS = ("model", "num_classes", "in_chans", "img_size")
+#: teachers named the timm way: a Hugging Face Hub repository or a folder saved with save_pretrained
+TIMM_SOURCES = ("hf-hub:", "local-dir:")
+#: a timm config's model args that are the data's or the teacher's mixer, not the architecture's
+_NOT_ARCHITECTURE = ("num_classes", "in_chans", "img_size", "mixer", "mixer_options", "pretrained_model_args")
 
 
 @dataclass
@@ -48,11 +57,21 @@ class TeacherSource:
     meta: dict
     state: Dict[str, torch.Tensor] = field(repr=False)
     sha256: str
+    #: a ``hf-hub:``/``local-dir:`` teacher: the id timm builds it from, and its architecture and model args
+    timm_id: Optional[str] = None
+    timm_model: Optional[Tuple[str, dict]] = None
+
+    @property
+    def where(self) -> str:
+        return self.timm_id or str(self.given)
 
 
 def find_teacher(init_from: str) -> TeacherSource:
     """Read the teacher of ``--init-from``: a run directory (its best, else last, checkpoint) or a
-    checkpoint file; a missing path, a run without checkpoints or an unreadable file is a one-line error."""
+    checkpoint file, or a ``hf-hub:``/``local-dir:`` model; a missing path, a run without checkpoints or an
+    unreadable file is a one-line error."""
+    if init_from.startswith(TIMM_SOURCES):
+        return _timm_teacher(init_from)
     given = Path(init_from).expanduser().absolute()
     if not given.exists():
         raise FileNotFoundError(f"--init-from {init_from}: no run directory or checkpoint file at {given}")
@@ -60,18 +79,69 @@ def find_teacher(init_from: str) -> TeacherSource:
         path = resolve_checkpoint(given)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"--init-from: {err}") from None
-    if path.suffix == ".safetensors":
-        state, meta = load_weights(path)
-    elif path.suffix in (".pt", ".pth"):
-        state, meta = read_state_dict(path), {}
-    else:
+    if path.suffix not in (".safetensors", ".pt", ".pth"):
         raise ValueError(f"--init-from {path}: not a .safetensors, .pt or .pth checkpoint")
+    state, meta = read_checkpoint(path)
     if meta.get("task") in ("segmentation", "detection"):   # its `data` is a dense dataset: say what it is
         raise ValueError(f"--init-from {path} is a `vitmix dense` {meta['task']} run; --init-from takes a "
                          "classifier (a `vitmix train` run or a timm checkpoint)")
     if not all(key in meta for key in _REBUILD_KEYS):
         meta = {}
     return TeacherSource(given, path, meta, state, file_digest(path))
+
+
+def _timm_teacher(init_from: str) -> TeacherSource:
+    """A teacher shared the timm way: its config (architecture, model args) read with timm's own helpers,
+    its weights file found (from the Hub's cache, or downloaded, for ``hf-hub:``) for the run's record."""
+    from timm.models._hub import load_model_config_from_hf, load_model_config_from_path
+
+    source, _, rest = init_from.partition(":")
+    if source == "local-dir":
+        folder = Path(rest).expanduser().absolute()
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"--init-from {init_from}: no config.json in {folder} (a folder written by "
+                                    "vitmix.save_pretrained or timm's save_for_hf)")
+        _, model_name, model_args = load_model_config_from_path(folder)
+        names = [folder / n for n in _WEIGHT_FILES]
+        weights = next((p for p in names if p.is_file()), None)
+        timm_id = f"local-dir:{folder}"
+    else:
+        from huggingface_hub import hf_hub_download
+
+        _, model_name, model_args = load_model_config_from_hf(rest)
+        weights = _hub_weights(rest, hf_hub_download)
+        timm_id = init_from
+    if weights is None:
+        raise FileNotFoundError(f"--init-from {init_from}: no {' or '.join(_WEIGHT_FILES)} next to its config.json")
+    return TeacherSource(Path(weights), Path(weights), {}, {}, file_digest(Path(weights)), timm_id,
+                         (model_name, dict(model_args or {})))
+
+
+#: the weights file of a timm-shared model, in the order timm prefers them
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _hub_weights(repo: str, download) -> Optional[str]:
+    for name in _WEIGHT_FILES:
+        try:
+            return download(repo, name)
+        except Exception:  # noqa: BLE001 - the Hub client's not-found errors differ between versions
+            continue
+    return None
+
+
+def _timm_config(cfg: TrainConfig, source: TeacherSource) -> TrainConfig:
+    """``cfg`` for a ``hf-hub:``/``local-dir:`` teacher: its architecture and model args (a flag asking for
+    another is a one-line error); the data, image size and classes are the run's."""
+    model, args = source.timm_model
+    options = {k: v for k, v in args.items() if k not in _NOT_ARCHITECTURE}
+    default = TrainConfig()
+    for name, theirs in (("model", model), ("model_options", options)):
+        mine = getattr(cfg, name)
+        if mine not in (theirs, getattr(default, name)):
+            raise ValueError(f"{flag_of(name)} {mine!r} differs from the teacher's {theirs!r} ({source.timm_id}): "
+                             "the student keeps the teacher's architecture; drop the flag")
+    return dataclasses.replace(cfg, init_from=source.timm_id, model=model, model_options=options)
 
 
 def teacher_config(cfg: TrainConfig, source: TeacherSource) -> TrainConfig:
@@ -81,6 +151,8 @@ def teacher_config(cfg: TrainConfig, source: TeacherSource) -> TrainConfig:
     if not cfg.mixer:
         raise ValueError("--init-from needs --mixer NAME: the mixer the teacher's attention is converted to "
                          "(see `vitmix mixers`)")
+    if source.timm_id:
+        return _timm_config(cfg, source)
     cfg = dataclasses.replace(cfg, init_from=str(source.given))
     meta = source.meta
     if not meta:
@@ -122,6 +194,9 @@ def load_teacher(source: TeacherSource, cfg: TrainConfig, data_info, img_size: i
     """The teacher model, frozen (eval mode, no gradients) on ``device``. Its classes and channels must
     be the data's: the student keeps the teacher's head."""
     meta = source.meta
+    timm_teacher = source.timm_id or (not meta and not is_vitmix_model(cfg.model))
+    if timm_teacher:
+        return _load_timm_teacher(source, cfg, data_info, img_size).to(device).eval().requires_grad_(False)
     if meta:
         if (meta["num_classes"], meta["in_chans"]) != (data_info.num_classes, data_info.in_chans):
             raise ValueError(f"--init-from {source.checkpoint} was trained for {meta['num_classes']} classes / "
@@ -139,6 +214,27 @@ def load_teacher(source: TeacherSource, cfg: TrainConfig, data_info, img_size: i
                  f"{cfg.model}, --model-option and --img-size {img_size})")
     load_into(teacher, source.state, where)
     return teacher.to(device).eval().requires_grad_(False)
+
+
+def _load_timm_teacher(source: TeacherSource, cfg: TrainConfig, data_info, img_size: int) -> nn.Module:
+    """A timm teacher through timm's pretrained path, built for the run's data: timm's checkpoint filter
+    gives it a new head for other classes, sums its patch embedding for other channels and resamples its
+    position embeddings for another image size (the student, built for the data, then takes its weights)."""
+    import timm
+
+    from ..conversion import load_timm_checkpoint
+    from ..models.vit import bind_token_grid
+
+    data = dict(num_classes=data_info.num_classes, in_chans=data_info.in_chans, img_size=img_size)
+    if source.timm_id:
+        try:
+            teacher = timm.create_model(source.timm_id, pretrained=True, **data)
+        except RuntimeError as err:
+            raise ValueError(f"--init-from {source.timm_id}: its weights do not fit its config ({err})"
+                             .splitlines()[0]) from None
+    else:
+        teacher = load_timm_checkpoint(cfg.model, source.checkpoint, **dict(cfg.model_options, **data))
+    return bind_token_grid(teacher)
 
 
 def load_converted(student: nn.Module, teacher: nn.Module, cfg: TrainConfig) -> None:
@@ -159,7 +255,7 @@ def _save_record(run_dir: Path, record: dict) -> None:
 
 
 def _new_record(source: TeacherSource, cfg: TrainConfig) -> dict:
-    teacher = {"source": str(source.given), "checkpoint": str(source.checkpoint), "sha256": source.sha256,
+    teacher = {"source": source.where, "checkpoint": str(source.checkpoint), "sha256": source.sha256,
                "model": source.meta.get("model", cfg.model), "mixer": source.meta.get("mixer")}
     return {"teacher": teacher, "mixer": cfg.mixer, "mixer_options": cfg.mixer_options,
             "transfer": {"epochs": cfg.transfer_epochs, "done": cfg.transfer_epochs == 0}, "distill": _distill(cfg)}

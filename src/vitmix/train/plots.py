@@ -1,17 +1,32 @@
-"""``curves.png``: loss and accuracy per epoch."""
+"""``curves.png``: loss and accuracy per epoch.
+
+matplotlib is the ``plot`` extra: without it a run trains and saves as usual and only its
+``curves.png`` is skipped, with one warning naming the extra.
+"""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import List
 
-import matplotlib
+from .._util import MissingExtra, pyplot
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+def __getattr__(name: str):
+    if name == "plt":          # `from .plots import plt` of the plotting code: imported on first use
+        return pyplot("plotting")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def plot_curves(history: List[dict], path: Path, title: str = "") -> None:
+    """Train/val loss and accuracy per epoch into ``path`` (skipped, with a warning, without matplotlib)."""
+    try:
+        plt = pyplot(f"{Path(path).name}")
+    except MissingExtra as err:
+        warnings.warn(f"{err}; the run is saved without it", UserWarning, stacklevel=2)
+        return
+    from matplotlib.ticker import MaxNLocator
+
     epochs = [h["epoch"] for h in history]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     ax_loss.plot(epochs, [h["train_loss"] for h in history], "o-", label="train")

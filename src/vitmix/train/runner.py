@@ -25,13 +25,13 @@ from ..data import build_datasets, build_loaders, is_video_dataset
 from ..data.sampling import GlobalBatchSampler, SeededSamples, ShardSampler
 from ..runs import (
     ABORTED, Trainable, abort_message, build_classifier, check_resumable as _check_resumable, clear_aborted,
-    load_checkpoint, model_meta, prepare_run_dir as _prepare_run_dir, resume_run, rng_state, save_manifest,
-    save_metrics, save_run_config, save_text, save_weights, seeded_subset, set_rng_state, unwrap,
+    load_checkpoint, model_meta, prepare_run_dir as _prepare_run_dir, resume_run, resuming_line, rng_state,
+    save_manifest, save_metrics, save_run_config, save_text, save_weights, seeded_subset, set_rng_state, unwrap,
 )
 from ..runs import load_model, resolve_checkpoint  # noqa: F401  (re-exported: vitmix.train.runner.load_model)
 from .compiled import CompiledWithFallback
 from .config import TrainConfig, load_yaml
-from .distributed import DistInfo, cleanup, init_distributed, key_drop_path
+from ..runs.distributed import DistInfo, cleanup, init_distributed, key_drop_path
 from .engine import AMP_DTYPES, Recipe, _quiet, evaluate, train_one_epoch
 from .init_from import (
     LogitDistillation, check_unchanged, check_world, find_teacher, load_converted, load_teacher, teacher_config,
@@ -432,18 +432,18 @@ def _update_top_k(run_dir: Path, model, history, meta, k: int) -> list:
     return sorted(keep)
 
 
-def resuming_line(run_dir: Path, epoch: int, step: int) -> str:
-    """What a resume says before it trains: where it continues (epoch N = the first one to run)."""
-    return (f"resuming {run_dir} at epoch {epoch + 1}, after {plural(epoch, 'finished epoch')} and "
-            f"{plural(step, 'step')}")
-
-
 def _resume(run_dir, model, r, loader, is_main, log, meta_for):
     """Load the last complete checkpoint set (see :func:`vitmix.runs.resume_run`): ``(epoch, step,
-    best_acc, history)``; a partial set of an interrupted epoch is rewritten from it."""
-    def rewrite(history):
+    best_acc, history)``; a partial or damaged set is rewritten from it, ``best.safetensors`` from
+    the set's copy of the best epoch's weights (``last`` or ``top/``), or removed when none has them."""
+    def rewrite(history):       # every file the restored state determines (best: see resume_run)
         if history:
-            save_weights(model, run_dir / "last.safetensors", meta_for(history[-1]))
+            meta = meta_for(history[-1])
+            save_weights(model, run_dir / "last.safetensors", meta)
+            if r.ema is not None:
+                save_weights(r.ema.module, run_dir / "ema.safetensors",
+                             dict(meta, val_acc=history[-1]["val_acc_ema"]))
+            save_text(run_dir / "metrics.csv", metrics_csv(history))
 
     done = resume_run(run_dir, _trainable(model, r, loader), log, rewrite, is_main)
     log(resuming_line(run_dir, done.epoch, done.step))

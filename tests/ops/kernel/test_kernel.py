@@ -167,7 +167,7 @@ def test_laplacian_without_a_compiler_falls_back_to_eager(monkeypatch, tmp_path)
 
 def test_corrupt_cached_l1_library_is_rebuilt(monkeypatch, tmp_path):
     """Fault injection: a truncated library in the cache (a killed build, a full disk) is detected on
-    load, rebuilt, and the kernel works."""
+    load by its recorded SHA-256, rebuilt, and the kernel works."""
     if "c" not in L1_BACKENDS:
         pytest.fail("no C compiler: the C kernel could not be built (install cc/gcc)")
     from vitmix.ops._cbuild import find_compiler
@@ -175,10 +175,14 @@ def test_corrupt_cached_l1_library_is_rebuilt(monkeypatch, tmp_path):
     monkeypatch.setenv("VITMIX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kernel_c.L1_KERNEL, "_lib", None)
     monkeypatch.setattr(kernel_c.L1_KERNEL, "_tried", False)
-    target = Path(kernel_c.L1_KERNEL.library_path(find_compiler()))
-    target.write_bytes(b"\x7fELF" + bytes(96))                 # a truncated library where the cache expects one
-    with pytest.warns(RuntimeWarning, match="rebuilt"):
+    record = Path(kernel_c.L1_KERNEL.record_path(find_compiler()))
+    digest = "0" * 64
+    record.write_text(digest)
+    target = tmp_path / f"{record.stem}_{digest[:16]}.so"
+    target.write_bytes(b"\x7fELF" + bytes(96))                 # a truncated library where the record points
+    with pytest.warns(RuntimeWarning, match="rebuilding it"):
         assert kernel_c.L1_KERNEL.load() is not None
+    target = tmp_path / f"{record.stem}_{record.read_text()[:16]}.so"
     assert target.stat().st_size > 1000
     _force_l1_backend(monkeypatch, "c")
     x, y = torch.randn(2, 9, 4), torch.randn(2, 3, 4)
@@ -203,7 +207,9 @@ def test_concurrent_first_use_from_several_processes(tmp_path):
              for _ in range(3)]
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
-    assert len(list(tmp_path.glob("l1_kernel_*.so"))) == 1 and not list(tmp_path.glob("*.tmp"))
+    records = list(tmp_path.glob("l1_kernel_*.sha256"))
+    assert len(records) == 1 and not list(tmp_path.glob("*.tmp"))
+    assert (tmp_path / f"{records[0].stem}_{records[0].read_text()[:16]}.so").is_file()   # names a complete library
 
 
 @pytest.mark.parametrize("name", KERNELS)

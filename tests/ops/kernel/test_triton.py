@@ -49,7 +49,8 @@ def _pair(lead, n, m, d, dtype, seed=0):
     x = 0.1 * torch.randn(*lead, n, d, generator=g)
     y = 0.1 * torch.randn(*lead, m, d, generator=g)
     y[..., 0, :] = x[..., 0, :]
-    y[..., 1, 0] = x[..., 1, 0]
+    if m > 1:
+        y[..., 1, 0] = x[..., 1, 0]
     return (x.to(dtype=dtype, device=DEVICE).requires_grad_(), y.to(dtype=dtype, device=DEVICE).requires_grad_())
 
 
@@ -95,10 +96,39 @@ def test_kernels_match_the_reference_bf16(calls, kind, lead, n, m, d):
 
 @pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
 def test_several_tiles_and_split_partner_sums(monkeypatch, calls, kind):
-    # N = 70 and M = 37 span several 32-wide tiles; 32-row chunks split both gradient sums
+    # 256-value tiles: N = 70 spans five 16-token tiles of the forward and of the token gradient;
+    # 32-token chunks split the landmark gradient's sum
+    monkeypatch.setattr(kernel_triton, "_FWD_TILE", 256)
+    monkeypatch.setattr(kernel_triton, "_TOKEN_GRAD_TILE", 256)
+    assert kernel_triton._forward_blocks(70, 37)["BLOCK_N"] == kernel_triton._token_grad_blocks(70, 5)["BLOCK_N"] == 16
     monkeypatch.setattr(kernel_triton, "_SPLIT_ROWS", 32)
     x, y = _pair((1,), 70, 37, 5, torch.float32)
     _compare(kind, x, y, F32_OUT, F32_GRAD)
+
+
+@pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("n,m,d", [(19, 1, 7), (60, 49, 33), (130, 128, 5), (9, 3, 130)])
+def test_tiles_fitted_to_m_and_d(monkeypatch, calls, kind, n, m, d):
+    # m = 1 and 49 fill one landmark tile, m = 128 two of 64; d = 130 spans two gradient channel tiles
+    monkeypatch.setattr(kernel_triton, "_SPLIT_ROWS", 32)
+    x, y = _pair((2,), n, m, d, torch.float32)
+    _compare(kind, x, y, F32_OUT, F32_GRAD)
+
+
+def test_block_sizes_follow_m_and_d():
+    # m = 49 landmarks: one 64-wide tile (x read once), not two 32-wide ones; a program's accumulator
+    # holds 16384 float32 values (128 per thread)
+    assert kernel_triton._forward_blocks(16384, 49) == dict(BLOCK_N=256, BLOCK_M=64)
+    assert kernel_triton._forward_blocks(16384, 7) == dict(BLOCK_N=1024, BLOCK_M=16)
+    assert kernel_triton._forward_blocks(10, 128) == dict(BLOCK_N=16, BLOCK_M=64)
+    # a landmark-gradient program covers the whole head dim up to 128 channels (g and out read once);
+    # a token-gradient program 32 channels (twice at d = 64, not 8 times as with 8-channel tiles)
+    for d in (1, 33, 64, 128):
+        assert kernel_triton._grad_blocks(49, d)["BLOCK_D"] >= d
+    assert kernel_triton._grad_blocks(49, 64) == dict(BLOCK_A=64, BLOCK_D=64)
+    assert kernel_triton._grad_blocks(49, 256) == dict(BLOCK_A=32, BLOCK_D=128)
+    assert kernel_triton._token_grad_blocks(16384, 64) == dict(BLOCK_N=256, BLOCK_D=32)
+    assert kernel_triton._token_grad_blocks(10, 7) == dict(BLOCK_N=16, BLOCK_D=16)
 
 
 @pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
@@ -242,3 +272,89 @@ def test_mixer_backend_triton_equals_torch(calls, name, batch, opts):
         # landmarks): Triton must be as close to the float64 result as the PyTorch path, within 3x
         err, err_torch = (a.double() - e).abs().max(), (b.double() - e).abs().max()
         assert err <= 3 * err_torch + 1e-6 * e.abs().max() + 1e-12, (float(err), float(err_torch))
+
+
+# ----------------------------------------------------------------------------------- no host sync
+@pytest.mark.parametrize("alpha", ["transpose", "safe"])
+def test_laplacian_op_never_waits_for_the_device(monkeypatch, calls, no_host_reads, alpha):
+    """The Laplacian Nyström op (kernel matrices, Newton–Schulz with its start and checked fallback,
+    injective map), forward and backward, never reads a tensor on the host: no sync per call, and CUDA
+    graphs can capture it. On CUDA with CUDA's sync checker; on CPU tensors by forcing the device rule
+    of the Newton–Schulz start and making every host read raise."""
+    from vitmix.ops import nystrom_attention
+    from vitmix.ops.newton import start
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (0.3 * torch.randn(1, 2, 29, 16, generator=g) for _ in range(3))
+    lq, lk = q[..., ::4, :].contiguous(), k[..., ::4, :].contiguous()       # 8 untied landmarks
+    q, k, v, lq, lk = (t.to(DEVICE).bfloat16().requires_grad_() for t in (q, k, v, lq, lk))
+
+    def run():
+        out = nystrom_attention(q, k, v, lq, lk, kernel="laplacian", normalization="injective", alpha=alpha,
+                                backend="triton")
+        return out, torch.autograd.grad(out.float().square().sum(), (q, k, v, lq, lk))
+
+    want = run()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    else:
+        monkeypatch.setattr(start, "_sync_free", lambda t: True)
+        with no_host_reads():
+            got = run()
+    assert calls["forward"] >= 3 and calls["grads"] >= 3 and calls["newton"] >= 1
+    torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2 * float(b.float().abs().max()))
+
+
+# ------------------------------------------------------------------------------- half inputs in place
+@pytest.mark.parametrize("kernel,tied", [("laplacian", False), ("gaussian", True)])
+def test_nystrom_reads_bf16_inputs_in_place(monkeypatch, kernel, tied):
+    """``nystrom_attention`` hands bf16 q, k and landmarks to the Triton kernels as they are (the same
+    storage, no float32 copy), and matches the float32 op on the same values."""
+    from vitmix.ops import nystrom_attention
+
+    seen = []
+    real = kernel_triton.pair_forward
+
+    def spy(x, y, *args):
+        seen.append((x.dtype, y.dtype, x.data_ptr(), y.data_ptr()))
+        return real(x, y, *args)
+    monkeypatch.setattr(kernel_triton, "pair_forward", spy)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (0.3 * torch.randn(2, 2, 21, 16, generator=g).to(DEVICE, torch.bfloat16) for _ in range(3))
+    k = q if tied else k
+    lq = q[..., :7, :].clone()
+    lk = lq if tied else k[..., 7:14, :].clone()
+    args = dict(kernel=kernel, normalization="injective" if kernel == "laplacian" else None, backend="triton")
+    out = nystrom_attention(q, k, v, lq, lk, **args)
+    ptrs = {q.data_ptr(), k.data_ptr(), lq.data_ptr(), lk.data_ptr()}
+    assert len(seen) == (2 if tied else 3)
+    assert all(dx == dy == torch.bfloat16 and px in ptrs and py in ptrs for dx, dy, px, py in seen), seen
+    assert out.dtype == torch.bfloat16
+    kf = q.float() if tied else k.float()
+    want = nystrom_attention(q.float(), kf, v.float(), lq.float(), lq.float() if tied else lk.float(), **args)
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("name", ["laplacian", "soft", "soft_norm"])
+def test_mixers_never_wait_for_the_device_past_the_input_check(monkeypatch, calls, no_host_reads, name):
+    """The landmark mixers with ``backend="triton"``, forward and backward, read no tensor on the host
+    (GPU rule forced on CPU tensors) once their input NaN/Inf check, the one read they make on purpose,
+    is off."""
+    from vitmix.ops.newton import start
+
+    torch.manual_seed(0)
+    layer = mixers.create(name, 64, 2, num_landmarks=(3, 3), backend="triton").to(DEVICE)
+    layer.rejects_non_finite = False
+    x = torch.randn(1, 31, 64, device=DEVICE, requires_grad=True)
+    monkeypatch.setattr(start, "_sync_free", lambda t: True)
+    with no_host_reads():
+        layer(x, hw=(6, 5), num_prefix_tokens=1).square().sum().backward()
+    assert calls["forward"] >= 2 and calls["grads"] >= 1 and calls["newton"] >= 1
+    assert x.grad is not None and all(p.grad is not None for p in layer.parameters() if p.requires_grad)

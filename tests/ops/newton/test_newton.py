@@ -281,3 +281,48 @@ def test_exact_mode_survives_singular_batches_and_bad_lu_pivots(monkeypatch):
     monkeypatch.setattr(torch.linalg, "lu_factor_ex", bad_pivots)
     torch.testing.assert_close(newton_schulz_inverse(A, eps=0.0, mode="exact"), torch.linalg.inv(A),
                                rtol=1e-10, atol=1e-12)
+
+
+def _mixed_batch():
+    """Untied Laplacian landmark kernels (identity and αPᵀ starts), one symmetric matrix, and the
+    rotating matrix whose identity start diverges (the checked fallback reruns it)."""
+    torch.manual_seed(6)
+    x, y = torch.randn(2, 3, 13, 5, dtype=D64), torch.randn(2, 3, 13, 5, dtype=D64)
+    A = laplacian_kernel(0.3 * x, 0.3 * x + 0.05 * y)
+    A[0, 1] = laplacian_kernel(x[0, 1], x[0, 1])
+    A[1, 2] = torch.block_diag(torch.tensor([[1.0, 10.0], [-10.0, 1.0]], dtype=D64), torch.eye(11, dtype=D64))
+    return A
+
+
+@pytest.mark.parametrize("alpha,symmetric", [("safe", None), ("safe", False), ("safe", True), ("transpose", None),
+                                             ("official", None)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_device_path_decides_the_start_and_fallback_on_the_device(monkeypatch, no_host_reads, alpha, symmetric,
+                                                                  dtype):
+    """Off the CPU the start and the checked fallback are chosen by tensor ops only (no ``bool()``: no host
+    sync, CUDA-graph capturable), with the same result as the CPU path. Simulated on CPU tensors: the
+    device rule is forced and every host read of a tensor raises."""
+    from vitmix.ops.newton import pytorch, start
+
+    if alpha == "official" or symmetric is True:      # the αP starts converge on symmetric matrices only
+        A = laplacian_kernel(*(2 * [torch.randn(2, 3, 13, 5, dtype=D64)]))
+    else:
+        A = _mixed_batch()
+    A = A.to(dtype)
+    for forced_fallback in (False, True):
+        if forced_fallback:      # every identity start is rerun from αPᵀ
+            monkeypatch.setattr(start, "_FALLBACK_RESIDUAL", 0.0)
+        want = newton_schulz_inverse(A, iters=30, alpha=alpha, symmetric=symmetric, backend="torch")
+        with monkeypatch.context() as mp:
+            mp.setattr(start, "_sync_free", lambda t: True)
+            mp.setattr(pytorch, "_c_solve", lambda *args: None)     # as on a GPU, where the C solve never runs
+            with no_host_reads():
+                got = newton_schulz_inverse(A, iters=30, alpha=alpha, symmetric=symmetric, backend="torch")
+        tol = dict(rtol=1e-10, atol=1e-10) if dtype == D64 else dict(rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+        torch.testing.assert_close(got, want, **tol)
+
+
+def test_cpu_path_reads_tensors_on_the_host(no_host_reads):
+    """The guard above is not vacuous: the CPU path's shortcuts read tensors on the host."""
+    with no_host_reads(), pytest.raises(AssertionError, match="read on the host"):
+        newton_schulz_inverse(_mixed_batch(), iters=5, alpha="safe", backend="torch")

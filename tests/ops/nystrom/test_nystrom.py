@@ -120,7 +120,9 @@ def test_approximation_error_falls_as_landmarks_grow():
         approx = nystrom_attention(q, q, v, lm, lm, kernel="gaussian", inverse="exact", eps=1e-8)
         errors.append(((approx - exact).norm() / exact.norm()).item())
     assert errors[0] > errors[1] > errors[2], errors
-    assert errors[2] < 0.02 * errors[0], errors  # measured 0.51 -> 0.13 -> 0.0033
+    # measured 0.51 -> 0.13 -> 0.0033; float64 with an exact inverse: any CPU agrees to ~1e-12, and the
+    # bound (0.0102) is 3x the measured error
+    assert errors[2] < 0.02 * errors[0], errors
 
 
 @pytest.mark.parametrize("kernel,normalization",

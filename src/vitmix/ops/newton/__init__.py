@@ -39,7 +39,9 @@ chooses ``V0`` per matrix:
 The forward runs without autograd (on CPU the loop is a small C kernel that keeps each m×m matrix in
 cache, :mod:`vitmix.ops.newton.c`; on CUDA, float32, m <= 128 a Triton kernel with one program per
 matrix, :mod:`vitmix.ops.newton.triton`, chosen by ``backend`` as in ``docs/gpu.md``; batched BLAS
-otherwise); the backward is the analytic
+otherwise). Off the CPU the start and the checked fallback are chosen by tensor ops only (the
+``"safe"`` start of landmarks not known to be symmetric then runs both loops and keeps one per
+matrix), so a call never waits for the GPU and CUDA graphs can capture it. The backward is the analytic
 derivative of an inverse evaluated
 once at the result, ``dL/dA = -Vᵀ G Vᵀ`` (exact at convergence; with few iterations SOFT's "inverse"
 is a spectrally filtered one, and this backward is what the official code uses). Everything runs in

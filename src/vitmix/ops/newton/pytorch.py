@@ -70,7 +70,11 @@ def _exact_inverse(P: torch.Tensor) -> torch.Tensor:
 
 def _newton_forward(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
                     mode: str, backend: str = "auto") -> torch.Tensor:
-    """``V ≈ (A + eps·I)^{-1}`` without autograd (the start, the iteration and its checked fallback)."""
+    """``V ≈ (A + eps·I)^{-1}`` without autograd (the start, the iteration and its checked fallback).
+
+    On the CPU the start and the fallback are skipped where the tensors say they are not needed (reading
+    them costs nothing there); elsewhere (CUDA) :func:`_newton_fixed` decides on the device, so a call
+    never waits for the GPU and CUDA graphs can capture it."""
     m = A.shape[-1]
     if mode == "newton" and backend != "triton":
         # one C call (one parallel region on the caller's threads) where the start needs no Cholesky test
@@ -78,6 +82,8 @@ def _newton_forward(A: torch.Tensor, iters: int, eps: float, symmetric: Optional
         if V is not None:
             return V
     with torch.no_grad(), single_thread_if_small(A, A.numel() * m):
+        if mode == "newton" and start._sync_free(A):
+            return _newton_fixed(A, iters, eps, symmetric, alpha, backend)
         P = _perturb(A, eps)
         if mode == "exact":
             return _exact_inverse(P)
@@ -91,30 +97,39 @@ def _newton_forward(A: torch.Tensor, iters: int, eps: float, symmetric: Optional
 
 def _newton_decomposition(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
                           mode: str, backend: str = "auto") -> torch.Tensor:
-    """:func:`_newton_forward` as a fixed sequence of tensor ops (no Python branch on tensor values): the
-    export decomposition of ``vitmix::newton_schulz_inverse``, ``iters`` unrolled ``V <- 2V - V P V``
-    steps of batched matmuls. Same start, iteration and residual rule as the eager path (the
-    ``"safe"`` start of untied landmarks keeps its Cholesky test and runs both starts, picking one
-    per matrix); ``mode="exact"`` has no such form and raises ``ValueError``. ``backend`` is ignored."""
+    """:func:`_newton_fixed` of batched matmuls only: the export decomposition of
+    ``vitmix::newton_schulz_inverse``; ``mode="exact"`` has no such form and raises ``ValueError``.
+    ``backend`` is ignored."""
     if mode == "exact":
         raise ValueError("newton_schulz_inverse(mode='exact') (an LU solve with a pseudo-inverse fallback for "
                          "singular batches) has no fixed export form; export the model with inverse='newton'")
+    return _newton_fixed(A, iters, eps, symmetric, alpha, kernels=False)
+
+
+def _newton_fixed(A: torch.Tensor, iters: int, eps: float, symmetric: Optional[bool], alpha: str,
+                  backend: str = "auto", kernels: bool = True) -> torch.Tensor:
+    """:func:`_newton_forward` as a fixed sequence of tensor ops (no Python branch on tensor values, so
+    no host sync): same start, iteration and residual rule as the CPU path, but the ``"safe"`` start of
+    landmarks not known to be symmetric always runs its Cholesky test and both loops (the identity
+    start and the ``αPᵀ`` one), picking one per matrix. ``kernels=False`` keeps the loop to batched
+    matmuls (export decompositions); otherwise the Triton or C loop runs as ``backend`` says."""
+    def loop(P, V0):
+        return _iterate(P, V0, iters, allow_c=kernels, backend=backend)
+
     P = _perturb(A, eps)
     if alpha == "official":
-        V0 = (1.8 / A.sum(-1).amax(-1).square())[..., None, None] * P
-        return _iterate(P, V0, iters, allow_c=False)
+        return loop(P, (1.8 / A.sum(-1).amax(-1).square())[..., None, None] * P)
     row, _ = _norms(P)
     sym = _symmetric_mask(A, symmetric)
     V0 = torch.where(sym[..., None, None], (1.8 / row.square())[..., None, None] * P, _transposed_start(P))
     if alpha != "safe" or symmetric is True:
-        return _iterate(P, V0, iters, allow_c=False)
+        return loop(P, V0)
     identity = ~sym & _identity_ok(P)
     eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
-    V0 = torch.where(identity[..., None, None], (1.0 / row)[..., None, None] * eye, V0)
-    V = _iterate(P, V0, iters, allow_c=False)
+    V = loop(P, torch.where(identity[..., None, None], (1.0 / row)[..., None, None] * eye, V0))
     res = _residual(P, V)
     need = identity & (~torch.isfinite(res) | (res >= start._FALLBACK_RESIDUAL))
-    return _pick(P, V, _iterate(P, _transposed_start(P), iters, allow_c=False), need)
+    return _pick(P, V, loop(P, _transposed_start(P)), need)
 
 
 def _newton_grad(V: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,13 @@ def _validate(name: str, A, iters, eps, symmetric, alpha, mode=None) -> Tuple[in
     return iters, eps_f
 
 
+def _sync_free(A: torch.Tensor) -> bool:
+    """Whether the start and the checked fallback must be chosen without reading a tensor on the host:
+    everywhere but on the CPU, where reading one is free. On a GPU every ``bool()`` waits for the device
+    (a sync per call) and makes the op impossible to capture in a CUDA graph."""
+    return A.device.type != "cpu"
+
+
 def _perturb(A: torch.Tensor, eps: float) -> torch.Tensor:
     if eps == 0.0:
         return A.clone()

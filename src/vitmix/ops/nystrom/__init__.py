@@ -181,24 +181,35 @@ def nystrom_attention(
     tied_landmarks = k_landmarks is q_landmarks
     with no_autocast(q.device.type):
         dt = compute_dtype(q, k, v, q_landmarks, k_landmarks)
-        qf, vf, lqf = q.to(dt), v.to(dt), q_landmarks.to(dt)
-        kf = qf if k is q else k.to(dt)
-        lkf = lqf if tied_landmarks else k_landmarks.to(dt)
+        vf = v.to(dt)
         sym = True if tied_landmarks else symmetric
-        if c.applies((qf, kf, vf, lqf, lkf), dt, inverse, alpha, sym, backend):
+        if c.applies((q, k, v, q_landmarks, k_landmarks), dt, inverse, alpha, sym, backend):
+            qf, lqf = q.to(dt), q_landmarks.to(dt)
+            kf = qf if k is q else k.to(dt)
+            lkf = lqf if tied_landmarks else k_landmarks.to(dt)
             out = c.fused_forward(qf, kf, vf, lqf, lkf, kernel=kernel, lam=lam_f, tied=tied, eps=float(eps),
                                   iters=iters, alpha=alpha, symmetric=sym, normalization=normalization,
                                   norm_eps=float(norm_eps))
             if out is not None:
                 return _weigh_terms(out, vf, contrast, mean_weight).to(out_dtype)
-        cq = kern(qf, lkf)                                  # (…, N, m)
-        ck = cq if tied else kern(kf, lqf)                  # (…, N_k, m)
-        w = kern(lqf, lkf)                                  # (…, m, m)
+        # the kernels compute half inputs in float32 themselves (Triton reads them in place: no upcast copy)
+        qk, lqk = _kernel_input(q, dt), _kernel_input(q_landmarks, dt)
+        kk = qk if k is q else _kernel_input(k, dt)
+        lkk = lqk if tied_landmarks else _kernel_input(k_landmarks, dt)
+        cq = kern(qk, lkk)                                  # (…, N, m)
+        ck = cq if tied else kern(kk, lqk)                  # (…, N_k, m)
+        w = kern(lqk, lkk)                                  # (…, m, m)
         M = newton_schulz_inverse(w, iters=iters, eps=eps, symmetric=sym, mode=inverse, alpha=alpha,
                                   backend=backend)
         weight = None if mean_weight is None else mean_weight.to(dt)
         out = _combine(cq, ck, w, M, vf, normalization, float(norm_eps), contrast, weight)
     return out.to(out_dtype)
+
+
+def _kernel_input(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a kernel-matrix input: as it is when the kernels compute it in ``dtype`` anyway (half
+    inputs in float32), else cast (e.g. half ``q`` next to a float64 ``v``)."""
+    return t if compute_dtype(t) == dtype else t.to(dtype)
 
 
 def _check_weights(normalization, contrast, mean_weight) -> None:

@@ -6,7 +6,7 @@ of :class:`vitmix.mixers.laplacian.LaplacianAttention` is ~40 torch ops forward 
 loop, the normaliser's products, the depthwise conv), each costing more in dispatch and memory traffic
 than in arithmetic. :func:`laplacian_mix_train` computes the same function with the same gradients:
 
-* forward: :func:`vitmix.ops.nystrom.c.laplacian_mix`'s C call (pooling, kernels, Newton–Schulz,
+* forward: :func:`.library.laplacian_mix`'s C call (pooling, kernels, Newton–Schulz,
   injective map, local conv, heads merged), which also keeps each slice's ``C_q``, ``C_k`` and ``M``;
 * backward: one work item per (batch, head) slice re-reads ``q, k, v`` from the saved ``qkv`` output,
   recomputes the normaliser's ``m×m`` / ``N×m`` intermediates and applies, in order, the injective map's
@@ -17,11 +17,11 @@ than in arithmetic. :func:`laplacian_mix_train` computes the same function with 
 
 :func:`soft_mix_train` does the same for SOFT and SOFT-Norm (:class:`vitmix.mixers.soft.SoftAttention`), from
 ``W_q x`` and ``W_v x``, with the landmark module's backward (GELU, LayerNorm, strided conv, pooling) in C;
-its steps are listed at its C entry point (``vitmix_soft_mix_backward`` in :mod:`.c_backward`).
+its steps are listed at its C entry point (``vitmix_soft_mix_backward`` in ``csrc/landmark_layers_backward_typed.h``).
 
 The composed path is the reference (tests compare the output and every gradient in float64 and
 float32, and gradcheck the function); it runs wherever this does not apply (see the layer's
-``_fused`` rule) or the library cannot be built.
+rule, :func:`.laplacian.supports` / :func:`.soft.supports`) or the library cannot be built.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import c
+from . import library as c
 
 def _ptr(t: Optional[torch.Tensor]) -> ctypes.c_void_p:
     return ctypes.c_void_p(None if t is None else t.data_ptr())
@@ -69,7 +69,7 @@ class _LaplacianMix(torch.autograd.Function):
         dconv_b = torch.empty(s, d, dtype=dt) if ksize else None
         dmean = torch.empty(s, dtype=dt)
         threads = c.slice_threads(b * heads, b * heads * 2 * n * mh * mw * (2 * d + mh * mw))
-        lib = c.NYSTROM_KERNEL.load()
+        lib = c.LAYERS_KERNEL.load()
         with torch.profiler.record_function("vitmix::laplacian_mix_backward (C)"):
             failed = getattr(lib, f"vitmix_laplacian_mix_backward_{c._SUFFIX[dt]}")(
                 _ptr(y), _ptr(g), _ptr(wt), _ptr(weights), _ptr(saved), _ptr(dy), _ptr(dconv_w), _ptr(dconv_b),
@@ -89,10 +89,10 @@ class _LaplacianMix(torch.autograd.Function):
 def laplacian_mix_train(y: torch.Tensor, conv_weight: Optional[torch.Tensor], conv_bias: Optional[torch.Tensor], *,
                         grid, heads: int, landmarks, lam: float, eps: float, iters: int, alpha: str, norm_eps: float,
                         contrast: float, mean_weight: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-    """:func:`vitmix.ops.nystrom.c.laplacian_mix` with gradients for ``y``, the conv's weight and bias and the mean
+    """:func:`.library.laplacian_mix` with gradients for ``y``, the conv's weight and bias and the mean
     weight (same arguments; ``mean_weight`` has shape ``(heads,)``), or ``None`` where the library is unavailable
     or m > 256 (the caller's composed path runs)."""
-    if c.NYSTROM_KERNEL.load() is None or landmarks[0] * landmarks[1] > c.MAX_LANDMARKS:
+    if c.LAYERS_KERNEL.load() is None or landmarks[0] * landmarks[1] > c.MAX_LANDMARKS:
         return None
     cfg = dict(grid=tuple(grid), heads=int(heads), landmarks=tuple(landmarks), lam=float(lam), eps=float(eps),
                iters=int(iters), alpha=alpha, norm_eps=float(norm_eps), contrast=float(contrast))
@@ -138,7 +138,7 @@ class _SoftMix(torch.autograd.Function):
         dconv = torch.empty(slices, ksize * ksize, dtype=dt) if ksize else None
         m = mh * mw
         threads = c.slice_threads(slices, slices * 2 * n * m * (2 * d + m))
-        lib = c.NYSTROM_KERNEL.load()
+        lib = c.LAYERS_KERNEL.load()
         with torch.profiler.record_function("vitmix::soft_mix_backward (C)"):
             failed = getattr(lib, f"vitmix_soft_mix_backward_{c._SUFFIX[dt]}")(
                 _ptr(qp), _ptr(vp), _ptr(lm_w), _ptr(ln_wt), _ptr(ln_bt), cfg["norm_eps"], _ptr(cw), _ptr(g),
@@ -161,10 +161,10 @@ def soft_mix_train(qp: torch.Tensor, vp: torch.Tensor, landmark_conv: Optional[t
                    landmark_norm: Optional[tuple], conv_weight: Optional[torch.Tensor], *, grid, heads: int, landmarks,
                    stride: int, pool_first: bool, scale: float, eps: float, iters: int, alpha: str,
                    normalization: Optional[str]) -> Optional[torch.Tensor]:
-    """:func:`vitmix.ops.nystrom.c.soft_mix` with gradients for ``qp``, ``vp``, the landmark conv, the LayerNorm's
+    """:func:`.library.soft_mix` with gradients for ``qp``, ``vp``, the landmark conv, the LayerNorm's
     weight and bias (``landmark_norm = (weight, bias, eps)``) and the local filter (same arguments), or ``None``
     where the library is unavailable or m > 256 (the caller's composed path runs)."""
-    if c.NYSTROM_KERNEL.load() is None or landmarks[0] * landmarks[1] > c.MAX_LANDMARKS:
+    if c.LAYERS_KERNEL.load() is None or landmarks[0] * landmarks[1] > c.MAX_LANDMARKS:
         return None
     norm_w, norm_b, norm_eps = landmark_norm if landmark_conv is not None else (None, None, 0.0)
     cfg = dict(grid=tuple(grid), heads=int(heads), landmarks=tuple(landmarks), stride=int(stride),

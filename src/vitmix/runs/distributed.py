@@ -13,7 +13,7 @@ from timm.layers import DropPath
 from torch import nn
 
 from ..data.sampling import sample_uniform
-from ..runs.device import parse_device
+from .device import parse_device
 
 
 @dataclass

@@ -1,57 +1,48 @@
-"""The C source of the training backwards of LaplacianFormer's and SOFT's layers (private; bound by :mod:`.c_grad`).
-
-Appended to :mod:`.c`'s source (one library: it calls that file's static helpers, ``gemm``, the kernel
-matrix, pooling, gathering) and instantiated for float32 and float64 the same way. One work item per
-(batch, head) slice; what each step computes is documented in :mod:`.c_grad`.
-"""
-from __future__ import annotations
-
-import ctypes
-
-GRAD_BODY = r"""
+/* The training backwards of LaplacianFormer's and SOFT's token mixing for one dtype (see landmark_layers.c;
+ * uses the static helpers of nystrom_core_typed.h and landmark_layers_typed.h). */
 /* c (n, p) = a (n, k) b (p, k)^T: b transposed into bt (k x p scratch), then gemm (dot products of rows
  * would end in one horizontal sum per element) */
-static void mmt_SFX(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p,
+static void SFX(mmt)(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p,
                     TYPE *restrict bt) {
     for (int64_t j = 0; j < p; ++j)
         for (int64_t l = 0; l < k; ++l) bt[l * p + j] = b[j * k + l];
-    gemm_SFX(a, k, 1, bt, c, n, k, p);
+    SFX(gemm)(a, k, 1, bt, c, n, k, p);
 }
 
 /* gx (n, d), gy (m, d) += the gradient of K = exp(-scale |x_i - y_j|_1) (n x m) from dK: with P = scale dK K
  * (written to p, n x m), gx_i -= sum_j P_ij sign(x_i - y_j) and gy_j += sum_i P_ij sign(x_i - y_j), sign(0) = 0.
  * Rows of x go four at a time over FJB-wide channel blocks: their gradients stay in registers over all j and
  * each y_j block is loaded once for four rows (the L1 backward is the layer's largest elementwise pass). */
-static void l1_kernel_grad_SFX(const TYPE *x, const TYPE *y, const TYPE *K, const TYPE *dK, TYPE *gx, TYPE *gy,
+static void SFX(l1_kernel_grad)(const TYPE *x, const TYPE *y, const TYPE *K, const TYPE *dK, TYPE *gx, TYPE *gy,
                                TYPE *p, int64_t n, int64_t m, int64_t d, TYPE scale) {
     for (int64_t e = 0; e < n * m; ++e) p[e] = scale * dK[e] * K[e];
     const int64_t dvec = d / FJB * FJB;
-    const FVEC_SFX zero = {0};
+    const SFX(FVEC) zero = {0};
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const int64_t rows = n - i0 < 4 ? n - i0 : 4;
         const TYPE *pr[4];
         for (int64_t r = 0; r < 4; ++r) pr[r] = p + (i0 + (r < rows ? r : 0)) * m;   /* missing rows: weight 0 */
         for (int64_t c0 = 0; c0 < dvec; c0 += FJB) {
-            FVEC_SFX xr[4], ax[4] = {{0}}, yv, t, pv, sg;
+            SFX(FVEC) xr[4], ax[4] = {{0}}, yv, t, pv, sg;
             for (int64_t r = 0; r < 4; ++r) memcpy(&xr[r], x + (i0 + (r < rows ? r : 0)) * d + c0, sizeof yv);
             for (int64_t j = 0; j < m; ++j) {
-                FVEC_SFX ay = {0};
+                SFX(FVEC) ay = {0};
                 memcpy(&yv, y + j * d + c0, sizeof yv);
                 for (int64_t r = 0; r < 4; ++r) {
                     pv = zero + (r < rows ? pr[r][j] : (TYPE)0);
                     t = xr[r] - yv;
-                    sg = (FVEC_SFX)(((FIVEC_SFX)(t > zero) & (FIVEC_SFX)pv)) -
-                         (FVEC_SFX)(((FIVEC_SFX)(t < zero) & (FIVEC_SFX)pv));        /* sign(t) P, sign(0) = 0 */
+                    sg = (SFX(FVEC))(((SFX(FIVEC))(t > zero) & (SFX(FIVEC))pv)) -
+                         (SFX(FVEC))(((SFX(FIVEC))(t < zero) & (SFX(FIVEC))pv));        /* sign(t) P, sign(0) = 0 */
                     ax[r] -= sg;
                     ay += sg;
                 }
-                FVEC_SFX gv;
+                SFX(FVEC) gv;
                 memcpy(&gv, gy + j * d + c0, sizeof gv);
                 gv += ay;
                 memcpy(gy + j * d + c0, &gv, sizeof gv);
             }
             for (int64_t r = 0; r < rows; ++r) {
-                FVEC_SFX gv;
+                SFX(FVEC) gv;
                 memcpy(&gv, gx + (i0 + r) * d + c0, sizeof gv);
                 gv += ax[r];
                 memcpy(gx + (i0 + r) * d + c0, &gv, sizeof gv);
@@ -70,13 +61,13 @@ static void l1_kernel_grad_SFX(const TYPE *x, const TYPE *y, const TYPE *K, cons
 
 /* gx (grid rows, d) += the adjoint of pool_grid (adaptive windows, or stride x stride tiles when stride > 0):
  * each cell receives gp of every window that holds it, divided by the window's area */
-static void pool_grid_grad_SFX(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d,
+static void SFX(pool_grid_grad)(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d,
                                int64_t stride) {
     for (int64_t a = 0; a < oh; ++a) {
         int64_t r0 = a * stride, r1 = r0 + stride, c0, c1;
-        if (!stride) window_SFX(a, H, oh, &r0, &r1);
+        if (!stride) SFX(window)(a, H, oh, &r0, &r1);
         for (int64_t b = 0; b < ow; ++b) {
-            if (stride) { c0 = b * stride; c1 = c0 + stride; } else window_SFX(b, W, ow, &c0, &c1);
+            if (stride) { c0 = b * stride; c1 = c0 + stride; } else SFX(window)(b, W, ow, &c0, &c1);
             const TYPE inv = (TYPE)1 / (TYPE)((r1 - r0) * (c1 - c0));
             const TYPE *gj = gp + (a * ow + b) * d;
             for (int64_t r = r0; r < r1; ++r)
@@ -86,10 +77,10 @@ static void pool_grid_grad_SFX(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, i
     }
 }
 
-/* The backward of local_conv_SFX (taps of channel c at w + c * wstride: wstride = ksize^2 per channel, 0 one
+/* The backward of SFX(local_conv) (taps of channel c at w + c * wstride: wstride = ksize^2 per channel, 0 one
  * filter shared by the d channels): gv (grid rows, d) += the transposed conv of g; gw (d, ksize^2), or (ksize^2)
  * for a shared filter, and gb (d) unless NULL are written (sums over the grid positions and shared channels). */
-static int local_conv_grad_SFX(const TYPE *v, const TYPE *g, const TYPE *w, int64_t wstride, TYPE *gv, TYPE *gw,
+static int SFX(local_conv_grad)(const TYPE *v, const TYPE *g, const TYPE *w, int64_t wstride, TYPE *gv, TYPE *gw,
                                TYPE *gb, int64_t H, int64_t W, int64_t d, int64_t ksize) {
     const int64_t pad = ksize / 2, taps = ksize * ksize;
     TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(2 * taps * d));
@@ -135,7 +126,7 @@ static int local_conv_grad_SFX(const TYPE *v, const TYPE *g, const TYPE *w, int6
  * M (m x m), V (n x dc) and g = dL/dout (n x dc) it recomputes the forward's intermediates (centred keys D,
  * T = M^T cov(C_q) M, s = (diag(D T D^T) + eps)^(-1/2), E = D^T (contrast s * V), core = M E) and writes
  * dcq, dck (n x m), dM (m x m), dv (n x dc) and *dmean, the gradient of the mean(V) term's weight. */
-static int injective_grad_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, const TYPE *g,
+static int SFX(injective_grad)(const TYPE *cq, const TYPE *ck, const TYPE *M, const TYPE *v, const TYPE *g,
                               TYPE *dcq, TYPE *dck, TYPE *dM, TYPE *dv, TYPE *dmean, int64_t n, int64_t m,
                               int64_t dc, TYPE norm_eps, TYPE contrast, TYPE mean_w) {
     const int64_t size = 7 * m * m + 2 * m + 4 * n * m + 2 * n * dc + 5 * m * dc + m * m + 3 * n + 2 * dc;
@@ -147,8 +138,8 @@ static int injective_grad_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, con
     TYPE *dcore = core + m * dc, *dE = dcore + m * dc, *s = dE + m * dc, *var = s + n, *dvar = var + n;
     TYPE *gsum = dvar + n, *mv = gsum + dc, *bt = mv + dc;      /* bt: scratch of mmt, m (m + dc) */
     /* forward intermediates */
-    injective_stats_SFX(cq, ck, M, v, mu, cc, cov, cm, T, muk, D, mv, n, n, m, dc);
-    mm_SFX(D, T, DT, n, m, m);
+    SFX(injective_stats)(cq, ck, M, v, mu, cc, cov, cm, T, muk, D, mv, n, n, m, dc);
+    SFX(mm)(D, T, DT, n, m, m);
     for (int64_t j = 0; j < n; ++j) {
         TYPE acc = 0;
         for (int64_t a = 0; a < m; ++a) acc += DT[j * m + a] * D[j * m + a];
@@ -156,15 +147,15 @@ static int injective_grad_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, con
         s[j] = (TYPE)1 / SQRTFN((acc > 0 ? acc : 0) + norm_eps);
         for (int64_t c = 0; c < dc; ++c) sv[j * dc + c] = contrast * s[j] * v[j * dc + c];
     }
-    mtm_SFX(D, sv, E, n, m, dc);
-    mm_SFX(M, E, core, m, m, dc);
+    SFX(mtm)(D, sv, E, n, m, dc);
+    SFX(mm)(M, E, core, m, m, dc);
     /* backward */
-    mtm_SFX(cq, g, dcore, n, m, dc);               /* dcore = C_q^T g */
-    mmt_SFX(g, core, dcq, n, dc, m, bt);               /* dC_q = g core^T (+ the covariance part below) */
-    mmt_SFX(dcore, E, dM, m, dc, m, bt);              /* dM = dcore E^T (+ the T part below) */
-    mtm_SFX(M, dcore, dE, m, m, dc);               /* dE = M^T dcore */
-    mm_SFX(D, dE, dyv, n, m, dc);                  /* d(s V) = D dE */
-    column_sum_SFX(g, gsum, n, dc);
+    SFX(mtm)(cq, g, dcore, n, m, dc);               /* dcore = C_q^T g */
+    SFX(mmt)(g, core, dcq, n, dc, m, bt);               /* dC_q = g core^T (+ the covariance part below) */
+    SFX(mmt)(dcore, E, dM, m, dc, m, bt);              /* dM = dcore E^T (+ the T part below) */
+    SFX(mtm)(M, dcore, dE, m, m, dc);               /* dE = M^T dcore */
+    SFX(mm)(D, dE, dyv, n, m, dc);                  /* d(s V) = D dE */
+    SFX(column_sum)(g, gsum, n, dc);
     TYPE dw = 0;
     for (int64_t c = 0; c < dc; ++c) dw += gsum[c] * mv[c];
     *dmean = dw;
@@ -176,21 +167,21 @@ static int injective_grad_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, con
         }
         dvar[j] = var[j] >= 0 ? contrast * ds * (TYPE)-0.5 * s[j] * s[j] * s[j] : 0;   /* clamp_min(0) */
     }
-    mmt_SFX(sv, dE, dD, n, dc, m, bt);               /* dD = (s V) dE^T + 2 dvar * D T */
+    SFX(mmt)(sv, dE, dD, n, dc, m, bt);               /* dD = (s V) dE^T + 2 dvar * D T */
     for (int64_t j = 0; j < n; ++j)
         for (int64_t a = 0; a < m; ++a) {
             dD[j * m + a] += (TYPE)2 * dvar[j] * DT[j * m + a];
             DT[j * m + a] = dvar[j] * D[j * m + a];      /* DT is free now: dvar * D */
         }
-    mtm_SFX(D, DT, dT, n, m, m);                   /* dT = D^T (dvar * D) */
-    mm_SFX(M, dT, t1, m, m, m);                    /* M dT */
-    mm_SFX(cov, t1, t2, m, m, m);
+    SFX(mtm)(D, DT, dT, n, m, m);                   /* dT = D^T (dvar * D) */
+    SFX(mm)(M, dT, t1, m, m, m);                    /* M dT */
+    SFX(mm)(cov, t1, t2, m, m, m);
     for (int64_t e = 0; e < m * m; ++e) dM[e] += (TYPE)2 * t2[e];
-    mmt_SFX(t1, M, dcov, m, m, m, bt);               /* dcov = M dT M^T */
-    mm_SFX(cc, dcov, D, n, m, m);                  /* D is free now: dcc = 2/n cc dcov, then centred */
+    SFX(mmt)(t1, M, dcov, m, m, m, bt);               /* dcov = M dT M^T */
+    SFX(mm)(cc, dcov, D, n, m, m);                  /* D is free now: dcc = 2/n cc dcov, then centred */
     for (int64_t e = 0; e < n * m; ++e) D[e] *= (TYPE)2 / (TYPE)n;
-    column_mean_SFX(D, mu, n, m);
-    column_mean_SFX(dD, muk, n, m);
+    SFX(column_mean)(D, mu, n, m);
+    SFX(column_mean)(dD, muk, n, m);
     for (int64_t i = 0; i < n; ++i)
         for (int64_t a = 0; a < m; ++a) {
             dcq[i * m + a] += D[i * m + a] - mu[a];
@@ -205,13 +196,14 @@ static int injective_grad_SFX(const TYPE *cq, const TYPE *ck, const TYPE *M, con
  * 2 n m + m^2), writes dy (B, n, 3C) (every element) and per slice dconv_w (B heads, d, ksize^2), dconv_b
  * (B heads, d) and dmean (B heads): the caller sums those over the batch. Returns the number of slices that
  * ran out of memory. */
-int64_t vitmix_laplacian_mix_backward_SFX(const TYPE *y, const TYPE *gout, const TYPE *conv_w, const TYPE *mean_w,
+int64_t SFX(vitmix_laplacian_mix_backward)(const TYPE *y, const TYPE *gout, const TYPE *conv_w, const TYPE *mean_w,
                                           const TYPE *saved, TYPE *dy, TYPE *dconv_w, TYPE *dconv_b, TYPE *dmean,
                                           int64_t B, int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads,
                                           int64_t d, int64_t mh, int64_t mw, TYPE scale, TYPE norm_eps, TYPE contrast,
                                           int64_t ksize, int nthreads) {
     const int64_t C = heads * d, m = mh * mw, mk = (m + FJB - 1) / FJB * FJB, taps = ksize * ksize;
     int64_t failed = 0;
+    (void)nthreads;                        /* only the OpenMP pragma reads it */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
     for (int64_t sl = 0; sl < B * heads; ++sl) {
         const int64_t b = sl / heads, h = sl % heads;
@@ -223,29 +215,29 @@ int64_t vitmix_laplacian_mix_backward_SFX(const TYPE *y, const TYPE *gout, const
         TYPE *w = dlk + m * d, *dW = w + m * m, *dM = dW + m * m, *dcq = dM + m * m, *dck = dcq + n * m;
         TYPE *lkt = dck + n * m, *bt = lkt + d * mk;
         const TYPE *cq = saved + sl * (2 * n * m + m * m), *ck = cq + n * m, *M = ck + n * m;
-        gather_head_SFX(y, q, b, n, 3 * C, h * d, d, 1);
-        gather_head_SFX(y, k, b, n, 3 * C, C + h * d, d, 1);
-        gather_head_SFX(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
-        gather_head_SFX(gout, g, b, n, C, h * d, d, 1);
-        pool_grid_SFX(q + prefix * d, lq, H, W, mh, mw, d, 0);
-        pool_grid_SFX(k + prefix * d, lk, H, W, mh, mw, d, 0);
-        int err = injective_grad_SFX(cq, ck, M, v, g, dcq, dck, dM, dv, dmean + sl, n, m, d, norm_eps, contrast,
+        SFX(gather_head)(y, q, b, n, 3 * C, h * d, d, 1);
+        SFX(gather_head)(y, k, b, n, 3 * C, C + h * d, d, 1);
+        SFX(gather_head)(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
+        SFX(gather_head)(gout, g, b, n, C, h * d, d, 1);
+        SFX(pool_grid)(q + prefix * d, lq, H, W, mh, mw, d, 0);
+        SFX(pool_grid)(k + prefix * d, lk, H, W, mh, mw, d, 0);
+        int err = SFX(injective_grad)(cq, ck, M, v, g, dcq, dck, dM, dv, dmean + sl, n, m, d, norm_eps, contrast,
                                      mean_w ? mean_w[h] : (TYPE)1);
         if (!err) {
-            mtm_SFX(M, dM, w, m, m, m);                /* dW = -M^T dM M^T (w holds M^T dM for now) */
-            mmt_SFX(w, M, dW, m, m, m, bt);
+            SFX(mtm)(M, dM, w, m, m, m);                /* dW = -M^T dM M^T (w holds M^T dM for now) */
+            SFX(mmt)(w, M, dW, m, m, m, bt);
             for (int64_t e = 0; e < m * m; ++e) dW[e] = -dW[e];
-            transpose_pad_SFX(lk, lkt, m, mk, d);      /* W = k(L_q, L_k) again, as the forward computed it */
-            kernel_matrix_SFX(lq, lkt, w, m, m, mk, d, 1, scale);
+            SFX(transpose_pad)(lk, lkt, m, mk, d);      /* W = k(L_q, L_k) again, as the forward computed it */
+            SFX(kernel_matrix)(lq, lkt, w, m, m, mk, d, 1, scale);
             memset(dq, 0, sizeof(TYPE) * (size_t)(2 * n * d));
             memset(dlq, 0, sizeof(TYPE) * (size_t)(2 * m * d));
-            l1_kernel_grad_SFX(q, lk, cq, dcq, dq, dlk, dcq, n, m, d, scale);     /* P overwrites dK */
-            l1_kernel_grad_SFX(k, lq, ck, dck, dk, dlq, dck, n, m, d, scale);
-            l1_kernel_grad_SFX(lq, lk, w, dW, dlq, dlk, dW, m, m, d, scale);
-            pool_grid_grad_SFX(dlq, dq + prefix * d, H, W, mh, mw, d, 0);
-            pool_grid_grad_SFX(dlk, dk + prefix * d, H, W, mh, mw, d, 0);
+            SFX(l1_kernel_grad)(q, lk, cq, dcq, dq, dlk, dcq, n, m, d, scale);     /* P overwrites dK */
+            SFX(l1_kernel_grad)(k, lq, ck, dck, dk, dlq, dck, n, m, d, scale);
+            SFX(l1_kernel_grad)(lq, lk, w, dW, dlq, dlk, dW, m, m, d, scale);
+            SFX(pool_grid_grad)(dlq, dq + prefix * d, H, W, mh, mw, d, 0);
+            SFX(pool_grid_grad)(dlk, dk + prefix * d, H, W, mh, mw, d, 0);
             if (ksize > 0)
-                err = local_conv_grad_SFX(v + prefix * d, g + prefix * d, conv_w + h * d * taps, taps, dv + prefix * d,
+                err = SFX(local_conv_grad)(v + prefix * d, g + prefix * d, conv_w + h * d * taps, taps, dv + prefix * d,
                                           dconv_w + sl * d * taps, dconv_b + sl * d, H, W, d, ksize);
         }
         if (!err) {
@@ -265,28 +257,28 @@ int64_t vitmix_laplacian_mix_backward_SFX(const TYPE *y, const TYPE *gout, const
 /* gx (n, d), gy (m, d) += the gradient of the Gaussian kernel K = exp(-|x_i - y_j|^2 / 2) (n x m) from dK:
  * with P = dK * K (written over dK), gx_i += (P y)_i - (sum_j P_ij) x_i and gy_j += (P^T x)_j - (sum_i P_ij) y_j,
  * two gemms (gx and gy may be the same buffer: x = y = the landmarks). tmp: max(n, m) d + m scratch. */
-static void gauss_kernel_grad_SFX(const TYPE *x, const TYPE *y, const TYPE *K, TYPE *P, TYPE *gx, TYPE *gy,
+static void SFX(gauss_kernel_grad)(const TYPE *x, const TYPE *y, const TYPE *K, TYPE *P, TYPE *gx, TYPE *gy,
                                   TYPE *tmp, int64_t n, int64_t m, int64_t d) {
     for (int64_t e = 0; e < n * m; ++e) P[e] *= K[e];
     TYPE *colsum = tmp + (n > m ? n : m) * d;
-    mm_SFX(P, y, tmp, n, m, d);
+    SFX(mm)(P, y, tmp, n, m, d);
     for (int64_t i = 0; i < n; ++i) {
         TYPE r = 0;
         for (int64_t j = 0; j < m; ++j) r += P[i * m + j];
         for (int64_t c = 0; c < d; ++c) gx[i * d + c] += tmp[i * d + c] - r * x[i * d + c];
     }
-    mtm_SFX(P, x, tmp, n, m, d);
-    column_sum_SFX(P, colsum, n, m);
+    SFX(mtm)(P, x, tmp, n, m, d);
+    SFX(column_sum)(P, colsum, n, m);
     for (int64_t j = 0; j < m; ++j)
         for (int64_t c = 0; c < d; ++c) gy[j * d + c] += tmp[j * d + c] - colsum[j] * y[j * d + c];
 }
 
 /* dz (m, d) = the backward of lm = GELU(LayerNorm(z)) from dlm; the norm's affine gradients are added to
  * dln_w, dln_b (d). xhat: d scratch. */
-static void ln_gelu_grad_SFX(const TYPE *z, const TYPE *dlm, TYPE *dz, const TYPE *ln_w, const TYPE *ln_b,
+static void SFX(ln_gelu_grad)(const TYPE *z, const TYPE *dlm, TYPE *dz, const TYPE *ln_w, const TYPE *ln_b,
                              TYPE ln_eps, TYPE *dln_w, TYPE *dln_b, TYPE *xhat, int64_t m, int64_t d) {
     for (int64_t j = 0; j < m; ++j) {
-        const TYPE inv = layer_norm_row_SFX(z + j * d, xhat, d, ln_eps);
+        const TYPE inv = SFX(layer_norm_row)(z + j * d, xhat, d, ln_eps);
         TYPE *dzj = dz + j * d, mean_dx = 0, mean_dxx = 0;
         for (int64_t c = 0; c < d; ++c) {
             const TYPE t = xhat[c] * ln_w[c] + ln_b[c];
@@ -307,7 +299,7 @@ static void ln_gelu_grad_SFX(const TYPE *z, const TYPE *dlm, TYPE *dz, const TYP
 
 /* The backward of soft_landmark_conv: dlmt (s, s, d_in, d_out) += the weight gradient, dg (gh x gw, d) = the
  * gradient of the conv's input grid g, from dz (mh mw, d) */
-static void soft_landmark_conv_grad_SFX(const TYPE *g, const TYPE *lmt, const TYPE *dz, TYPE *dlmt, TYPE *dg,
+static void SFX(soft_landmark_conv_grad)(const TYPE *g, const TYPE *lmt, const TYPE *dz, TYPE *dlmt, TYPE *dg,
                                         int64_t mh, int64_t mw, int64_t s, int64_t d) {
     const int64_t gw = mw * s;
     for (int64_t a = 0; a < mh; ++a)
@@ -338,7 +330,7 @@ static void soft_landmark_conv_grad_SFX(const TYPE *g, const TYPE *lmt, const TY
  * row-sum gradient), the implicit Newton-Schulz backward dW = -M^T dM M^T, the Gaussian kernels' gradients
  * (C_q = k(Q, L), W = k(L, L)), the landmarks' (GELU, LayerNorm, strided conv, pooling) and the local filter's.
  * Returns the number of slices that ran out of memory. */
-int64_t vitmix_soft_mix_backward_SFX(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, const TYPE *ln_w,
+int64_t SFX(vitmix_soft_mix_backward)(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, const TYPE *ln_w,
                                      const TYPE *ln_b, TYPE ln_eps, const TYPE *conv_w, const TYPE *gout,
                                      const TYPE *saved, TYPE *dqp, TYPE *dvp, TYPE *dlmt, TYPE *dln_w, TYPE *dln_b,
                                      TYPE *dconv_w, int64_t B, int64_t n, int64_t prefix, int64_t H, int64_t W,
@@ -347,8 +339,9 @@ int64_t vitmix_soft_mix_backward_SFX(const TYPE *qp, const TYPE *vp, const TYPE 
     const int64_t C = heads * d, m = mh * mw, mk = (m + FJB - 1) / FJB * FJB, gh = mh * s, gw = mw * s;
     const int64_t taps = ksize * ksize, wide = n > m ? n : m;
     int64_t failed = 0;
-    TYPE *lmt = lm_w ? soft_conv_taps_SFX(lm_w, s, d) : NULL;
+    TYPE *lmt = lm_w ? SFX(soft_conv_taps)(lm_w, s, d) : NULL;
     if (lm_w && !lmt) return B * heads;
+    (void)nthreads;                        /* only the OpenMP pragma reads it */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
     for (int64_t sl = 0; sl < B * heads; ++sl) {
         const int64_t b = sl / heads, h = sl % heads;
@@ -364,28 +357,28 @@ int64_t vitmix_soft_mix_backward_SFX(const TYPE *qp, const TYPE *vp, const TYPE 
         TYPE *dr = r + m, *bt = dr + m, *xhat = bt + m * (m > d ? m : d);
         const TYPE *cq = saved + sl * (n * m + m * m + m * d), *M = cq + n * m, *z = M + m * m;
         int err = 0;
-        gather_head_SFX(qp, q, b, n, C, h * d, d, scale);
-        gather_head_SFX(vp, v, b, n, C, h * d, d, 1);
-        gather_head_SFX(gout, g, b, n, C, h * d, d, 1);
+        SFX(gather_head)(qp, q, b, n, C, h * d, d, scale);
+        SFX(gather_head)(vp, v, b, n, C, h * d, d, 1);
+        SFX(gather_head)(gout, g, b, n, C, h * d, d, 1);
         if (lm_w) {                                /* the landmarks again, from the kept pre-norm values */
-            soft_conv_grid_SFX(q + prefix * d, grid, H, W, gh, gw, d, pool_first);
-            ln_gelu_SFX(z, lm, ln_w, ln_b, ln_eps, m, d);
+            SFX(soft_conv_grid)(q + prefix * d, grid, H, W, gh, gw, d, pool_first);
+            SFX(ln_gelu)(z, lm, ln_w, ln_b, ln_eps, m, d);
         } else {
             memcpy(lm, z, sizeof(TYPE) * (size_t)(m * d));
         }
-        transpose_pad_SFX(lm, lmtp, m, mk, d);         /* W = k(L, L), as the forward computed it */
-        kernel_matrix_SFX(lm, lmtp, w, m, m, mk, d, 0, (TYPE)0.5);
+        SFX(transpose_pad)(lm, lmtp, m, mk, d);         /* W = k(L, L), as the forward computed it */
+        SFX(kernel_matrix)(lm, lmtp, w, m, m, mk, d, 0, (TYPE)0.5);
         memcpy(Mn, M, sizeof(TYPE) * (size_t)(m * m));
-        if (norm == 1) soft_norm_SFX(w, Mn, r, m);     /* SOFT-Norm: Mn = D^(-1/2) M D^(-1/2) */
-        mtm_SFX(cq, v, kv, n, m, d);                   /* forward: kv = C_q^T V, core = Mn kv, out = C_q core */
-        mm_SFX(Mn, kv, core, m, m, d);
-        mtm_SFX(cq, g, dcore, n, m, d);                /* dcore = C_q^T g */
-        mmt_SFX(g, core, dC, n, d, m, bt);             /* dC_q = g core^T + V dkv^T */
-        mmt_SFX(dcore, kv, dMn, m, d, m, bt);          /* dMn = dcore kv^T */
-        mtm_SFX(Mn, dcore, dkv, m, m, d);              /* dkv = Mn^T dcore */
-        mmt_SFX(v, dkv, dC2, n, d, m, bt);
+        if (norm == 1) SFX(soft_norm)(w, Mn, r, m);     /* SOFT-Norm: Mn = D^(-1/2) M D^(-1/2) */
+        SFX(mtm)(cq, v, kv, n, m, d);                   /* forward: kv = C_q^T V, core = Mn kv, out = C_q core */
+        SFX(mm)(Mn, kv, core, m, m, d);
+        SFX(mtm)(cq, g, dcore, n, m, d);                /* dcore = C_q^T g */
+        SFX(mmt)(g, core, dC, n, d, m, bt);             /* dC_q = g core^T + V dkv^T */
+        SFX(mmt)(dcore, kv, dMn, m, d, m, bt);          /* dMn = dcore kv^T */
+        SFX(mtm)(Mn, dcore, dkv, m, m, d);              /* dkv = Mn^T dcore */
+        SFX(mmt)(v, dkv, dC2, n, d, m, bt);
         for (int64_t e = 0; e < n * m; ++e) dC[e] += dC2[e];
-        mm_SFX(cq, dkv, dv, n, m, d);                  /* dV = C_q dkv (+ the local filter's, below) */
+        SFX(mm)(cq, dkv, dv, n, m, d);                  /* dV = C_q dkv (+ the local filter's, below) */
         for (int64_t e = 0; e < m * m; ++e) dM[e] = dMn[e];
         if (norm == 1) {                               /* Mn_ac = r_a M_ac r_c, r = (W 1)^(-1/2) */
             for (int64_t a = 0; a < m; ++a) dr[a] = 0;
@@ -397,30 +390,30 @@ int64_t vitmix_soft_mix_backward_SFX(const TYPE *qp, const TYPE *vp, const TYPE 
                     dr[c] += gm * r[a];
                 }
         }
-        mtm_SFX(M, dM, t1, m, m, m);                   /* dW = -M^T dM M^T (+ the row sums' gradient) */
-        mmt_SFX(t1, M, dW, m, m, m, bt);
+        SFX(mtm)(M, dM, t1, m, m, m);                   /* dW = -M^T dM M^T (+ the row sums' gradient) */
+        SFX(mmt)(t1, M, dW, m, m, m, bt);
         for (int64_t a = 0; a < m; ++a) {
             const TYPE drow = norm == 1 ? (TYPE)-0.5 * r[a] * r[a] * r[a] * dr[a] : (TYPE)0;
             for (int64_t c = 0; c < m; ++c) dW[a * m + c] = drow - dW[a * m + c];
         }
         memset(dq, 0, sizeof(TYPE) * (size_t)(n * d));
         memset(dlm, 0, sizeof(TYPE) * (size_t)(m * d));
-        gauss_kernel_grad_SFX(q, lm, cq, dC, dq, dlm, tmp, n, m, d);
-        gauss_kernel_grad_SFX(lm, lm, w, dW, dlm, dlm, tmp, m, m, d);
+        SFX(gauss_kernel_grad)(q, lm, cq, dC, dq, dlm, tmp, n, m, d);
+        SFX(gauss_kernel_grad)(lm, lm, w, dW, dlm, dlm, tmp, m, m, d);
         if (lm_w) {                                    /* GELU, LayerNorm, the strided conv, its input grid */
-            ln_gelu_grad_SFX(z, dlm, dz, ln_w, ln_b, ln_eps, dln_w + sl * d, dln_b + sl * d, xhat, m, d);
-            soft_landmark_conv_grad_SFX(grid, lmt, dz, dlmt + sl * s * s * d * d, dgrid, mh, mw, s, d);
+            SFX(ln_gelu_grad)(z, dlm, dz, ln_w, ln_b, ln_eps, dln_w + sl * d, dln_b + sl * d, xhat, m, d);
+            SFX(soft_landmark_conv_grad)(grid, lmt, dz, dlmt + sl * s * s * d * d, dgrid, mh, mw, s, d);
             if (pool_first) {
-                pool_grid_grad_SFX(dgrid, dq + prefix * d, H, W, gh, gw, d, 0);
+                SFX(pool_grid_grad)(dgrid, dq + prefix * d, H, W, gh, gw, d, 0);
             } else {
                 for (int64_t rr = 0; rr < gh; ++rr)
                     for (int64_t e = 0; e < gw * d; ++e) dq[(prefix + rr * W) * d + e] += dgrid[rr * gw * d + e];
             }
         } else {
-            pool_grid_grad_SFX(dlm, dq + prefix * d, H, W, mh, mw, d, pool_first ? 0 : s);
+            SFX(pool_grid_grad)(dlm, dq + prefix * d, H, W, mh, mw, d, pool_first ? 0 : s);
         }
         if (ksize > 0)
-            err = local_conv_grad_SFX(v + prefix * d, g + prefix * d, conv_w + h * taps, 0, dv + prefix * d,
+            err = SFX(local_conv_grad)(v + prefix * d, g + prefix * d, conv_w + h * taps, 0, dv + prefix * d,
                                       dconv_w + sl * taps, NULL, H, W, d, ksize);
         if (!err)
             for (int64_t i = 0; i < n; ++i)
@@ -434,18 +427,3 @@ int64_t vitmix_soft_mix_backward_SFX(const TYPE *qp, const TYPE *vp, const TYPE 
     free(lmt);
     return failed;
 }
-"""
-
-
-def declare(lib, real, sfx: str) -> None:
-    """``argtypes`` of the backward entry points for one dtype (called by :mod:`.c`'s declaration)."""
-    fn = getattr(lib, f"vitmix_laplacian_mix_backward_{sfx}")
-    fn.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 9 + [real, real, real, ctypes.c_int64, ctypes.c_int]
-    fn.restype = ctypes.c_int64
-    soft = getattr(lib, f"vitmix_soft_mix_backward_{sfx}")
-    soft.argtypes = ([ctypes.c_void_p] * 5 + [real] + [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 10
-                     + [ctypes.c_int, real, ctypes.c_int, ctypes.c_int64, ctypes.c_int])
-    soft.restype = ctypes.c_int64
-
-
-__all__ = ["GRAD_BODY", "declare"]

@@ -1,0 +1,119 @@
+"""The C sources (``vitmix/ops/csrc``, ``vitmix/mixers/fused/csrc``): shipped as package data, one prototype
+table per library that matches its header, every file compiling without warnings."""
+import ctypes
+import importlib.resources
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from vitmix.mixers.fused import library as layers_c
+from vitmix.ops import _cbuild
+from vitmix.ops._cbuild import CSRC, DTYPES, CKernel, bind, includes, split_prototype
+from vitmix.ops.diagonal import c as diagonal_c
+from vitmix.ops.kernel import c as kernel_c
+from vitmix.ops.newton import c as newton_c
+from vitmix.ops.nystrom import c as nystrom_c
+
+LIBRARIES = [newton_c.NS_KERNEL, kernel_c.L1_KERNEL, diagonal_c._DIAGONAL, nystrom_c.NYSTROM_KERNEL,
+             layers_c.LAYERS_KERNEL]
+FOLDERS = {"vitmix.ops": CSRC, "vitmix.mixers.fused": layers_c.LAYERS_KERNEL.folder}
+SOURCES = {package: sorted(f for f in os.listdir(folder) if f.endswith((".c", ".h")))
+           for package, folder in FOLDERS.items()}
+
+
+def _normal(prototype: str) -> str:
+    return re.sub(r"\s*\*\s*", " *", " ".join(prototype.replace(";", "").split()))
+
+
+def _header_prototypes(header: str) -> set:
+    with open(header) as fh:
+        text = re.sub(r"/\*.*?\*/", "", fh.read(), flags=re.S)
+    return {_normal(p) for p in re.findall(r"^\s*(?:int64_t|void|int|float|double)\s+vitmix_\w+\s*\([^)]*\)\s*;",
+                                           text, re.M)}
+
+
+def test_every_library_of_the_package_is_checked_here():
+    assert {k.source for k in CKernel.instances} == {k.source for k in LIBRARIES}
+    assert {os.path.join(FOLDERS[p], f) for p, names in SOURCES.items() for f in names if f.endswith(".c")} == {
+        os.path.join(k.folder, k.source) for k in LIBRARIES}
+
+
+@pytest.mark.parametrize("kernel", LIBRARIES, ids=lambda k: k.name)
+def test_prototype_table_matches_the_header(kernel):
+    """The Python table, instantiated for each dtype, is exactly the header's prototypes (the compiler checks
+    the header against the definitions: the .c includes it)."""
+    header = os.path.join(kernel.folder, kernel.source[:-2] + ".h")
+    assert header in includes(kernel.source, kernel.folder, kernel.include_dirs)
+    table = set()
+    for prototype in kernel.prototypes:
+        ret, name, _ = split_prototype(prototype)
+        for sfx, c_type, _ in DTYPES:
+            typed = re.sub(r"\bTYPE\b", c_type, prototype).replace(f"{name}(", f"{name}_{sfx}(", 1)
+            table.add(_normal(typed))
+    assert table == _header_prototypes(header)
+
+
+def test_argtypes_are_generated_from_the_prototypes():
+    class Lib:
+        def __getattr__(self, name):
+            fn = type("Fn", (), {})()
+            setattr(self, name, fn)
+            return fn
+    lib = Lib()
+    bind(lib, ["int64_t vitmix_f(const TYPE *x, TYPE s, int64_t n, int k, double d, void **p)"])
+    f32, f64 = lib.vitmix_f_f32, lib.vitmix_f_f64
+    assert f32.argtypes == [ctypes.c_void_p, ctypes.c_float, ctypes.c_int64, ctypes.c_int, ctypes.c_double,
+                            ctypes.c_void_p]
+    assert f64.argtypes[1] is ctypes.c_double and f32.restype is ctypes.c_int64
+    bind(lib, ["void vitmix_g(void)"])
+    assert lib.vitmix_g_f32.argtypes == [] and lib.vitmix_g_f32.restype is None
+
+
+@pytest.mark.parametrize("package", FOLDERS)
+def test_every_c_source_is_package_data(package):
+    """Found through importlib.resources (as an installed package reads them); the wheel's contents are
+    checked in tests/test_packaging.py."""
+    shipped = importlib.resources.files(package) / "csrc"
+    assert SOURCES[package] and all((shipped / name).is_file() for name in SOURCES[package])
+    assert sorted(p.name for p in shipped.iterdir() if p.name.endswith((".c", ".h"))) == SOURCES[package]
+
+
+def test_cache_key_covers_every_included_header(monkeypatch, tmp_path):
+    """Editing a header a library includes (not only its .c) gives a new cache entry."""
+    for name in SOURCES["vitmix.ops"]:
+        shutil.copy(os.path.join(CSRC, name), tmp_path / name)
+    kernel = CKernel("ns_kernel", "newton.c", newton_c.PROTOTYPES, folder=str(tmp_path))
+    CKernel.instances.remove(kernel)
+    found = [os.path.basename(p) for p in includes("newton.c", str(tmp_path))]
+    assert found[:3] == ["newton.c", "vitmix_simd.h", "newton.h"] and "newton_typed.h" in found
+    before = kernel.record_path("cc")
+    with open(tmp_path / "newton_typed.h", "a") as fh:
+        fh.write("/* edited */\n")
+    edited = kernel.record_path("cc")
+    with open(tmp_path / "vitmix_exp.h", "a") as fh:      # not included by newton.c
+        fh.write("/* edited */\n")
+    assert before != edited == kernel.record_path("cc")
+    monkeypatch.setenv("VITMIX_C_SANITIZE", "1")           # the flags are part of the key
+    assert kernel.record_path("cc") != edited
+
+
+def test_a_missing_header_is_one_clear_error(tmp_path):
+    (tmp_path / "lib.c").write_text('#include "nowhere.h"\n')
+    with pytest.raises(FileNotFoundError, match="lib.c includes nowhere.h, found in none of"):
+        includes("lib.c", str(tmp_path), (CSRC,))
+
+
+@pytest.mark.skipif(_cbuild.find_compiler() is None, reason="no C compiler")
+@pytest.mark.parametrize("kernel", LIBRARIES, ids=lambda k: k.name)
+def test_c_file_compiles_without_warnings(kernel):
+    """What ``make lint`` checks, with and without OpenMP (the build's fallback)."""
+    dirs = [flag for d in (kernel.folder, *kernel.include_dirs) for flag in ("-I", d)]
+    for omp in (["-fopenmp"], []):
+        cmd = [_cbuild.find_compiler(), "-std=c99", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+               "-Wno-unknown-pragmas", "-D_POSIX_C_SOURCE=200809L", *omp, *dirs,
+               os.path.join(kernel.folder, kernel.source)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
