@@ -83,7 +83,7 @@ def report(rows, base, cfg_path: Path, env: dict, cmd: str) -> str:
     lines = [f"# Validation accuracy (%) by epoch: `{cfg_path.as_posix()}`", "",
              f"Command: `{cmd}`; one run per entry, same "
              f"recipe and seed. {env['cpu']}, torch {env['torch']}, {env['date_utc']}. 'train s' is wall time "
-             "on whatever else the machine ran (not a speed measurement: see benchmarks/projection_floor.py).",
+             "on whatever else the machine ran (not a speed measurement: see benchmarks/specs/projection_floor.yaml).",
              "", markdown_table(["entry", "params"] + eps + ["final", "best", "train s"], cells)]
     if base:
         gaps = [[r["entry"]] + [f"{g:+.2f}" for g in r["gap_to_softmax"]] for r in rows if r is not base]

@@ -37,13 +37,12 @@ def test_bench_out_with_machine_placeholder_writes_under_the_machine(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [machine_tag()]
 
 
-def test_a_full_script_run_files_under_the_machine_and_a_partial_one_under_runs():
-    import importlib.util
+def test_every_timing_command_of_the_benchmarks_index_files_under_the_machine():
+    """benchmarks/README.md's ``vitmix bench`` commands (sweeps and --spec suites) write under ``{machine}``."""
+    import re
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_attention.py"
-    spec = importlib.util.spec_from_file_location("bench_script_kernel_attention", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert script.parse_args([]).out == script.OUT_DIR / machine_tag()
-    assert script.parse_args(["--sizes", "1024"]).out == Path("runs/kernel_attention-partial")
+    index = (Path(__file__).resolve().parents[2] / "benchmarks" / "README.md").read_text()
+    outs = re.findall(r"`vitmix bench [^`]*--out '([^']+)'[^`]*`", index)
+    assert len(outs) >= 7
+    assert [o for o in outs if not o.endswith("/{machine}")] == []

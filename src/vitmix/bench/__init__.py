@@ -12,6 +12,9 @@ The pieces can be used on their own:
   :mod:`~vitmix.bench.targets` checks what it is asked, :mod:`~vitmix.bench.points` builds and
   measures one point, :mod:`~vitmix.bench.paired` times two calls in alternating rounds);
 - :mod:`vitmix.bench.report` — CSV / JSON / markdown tables and log–log plots.
+- :mod:`vitmix.bench.suite` — a suite (``vitmix bench --spec FILE``): fixed cases whose entries are timed in
+  alternating rounds and compared by per-round ratios (:mod:`~vitmix.bench.suite_targets` what each case
+  kind times, :mod:`~vitmix.bench.suite_report` its files).
 
 >>> from vitmix.bench import BenchConfig, run_sweep          # doctest: +SKIP
 >>> result = run_sweep(BenchConfig(kind="mixers", names=["soft"], sizes=[196, 784]))

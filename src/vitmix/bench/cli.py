@@ -1,4 +1,5 @@
-"""``vitmix bench``: time, memory and FLOPs of mixers (one layer) or models, swept over size."""
+"""``vitmix bench``: time, memory and FLOPs of mixers (one layer) or models, swept over size; or a suite
+(``--spec``): fixed cases whose entries are compared in alternating rounds."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,7 @@ EPILOG = """examples:
   vitmix bench --mixers soft,laplacian,softmax:fused=false --dim 384 --heads 6 --passes fwd+bwd
   vitmix bench --models soft_tiny,laplacianformer_tiny --sizes 224,448 --dtype bf16
   vitmix bench --mixers softmax,laplacian --tokens 196,784 --compile
+  vitmix bench --spec benchmarks/specs/projection_floor.yaml --out 'runs/projection_floor/{machine}'
 
 Mixer options go after the name: NAME:key=value:key=value. The softmax baseline is always
 included; every row shows its speed-up and memory ratio against it."""
@@ -37,6 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     what.add_argument("--models", help="comma-separated models (whole models); NAME:mixer=M[:key=value...] "
                                        "puts mixer M (with those options) in the model, e.g. "
                                        "deit_tiny_patch16_224:mixer=laplacian")
+    what.add_argument("--spec", help="a YAML suite (e.g. benchmarks/specs/*.yaml): its cases and entries timed in "
+                                     "alternating rounds, with per-round ratios (see vitmix.bench.suite)")
     p.add_argument("--tokens", type=_int_list, default=None,
                    help=f"token counts for --mixers (default {','.join(map(str, DEFAULT_TOKENS))})")
     p.add_argument("--sizes", type=_int_list, default=None,
@@ -104,6 +108,10 @@ def run(args) -> int:
     from .report import RESULTS_MARKER, summary_text, write_results
     from .sweep import parse_device, run_sweep
 
+    if args.spec:
+        from .suite_cli import run_spec
+
+        return run_spec(args)
     config = config_from_args(args)
     out = args.out
     if "{machine}" in out:           # the folder the results go to is the one checked
