@@ -17,7 +17,6 @@ import math
 from typing import Dict, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..models.diffusion import GaussianDiffusion

@@ -48,14 +48,18 @@ def check_task(task: str) -> str:
 def require_simulator():
     """Import robosuite (with mujoco and h5py) or raise a one-line ``ValueError`` naming the extra."""
     os.environ.setdefault("MUJOCO_GL", "egl")          # headless rendering (osmesa also works)
+    logging.disable(logging.WARNING)     # robosuite warns at import about optional robots vitmix never uses
     try:
         for name in ("mujoco", "h5py"):
             importlib.import_module(name)
-        logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
-        return importlib.import_module("robosuite")
+        suite = importlib.import_module("robosuite")
     except ImportError as err:
         raise ValueError(f"the robot tasks need the simulators ({err.name or err} is not installed): "
                          f"{EXTRA}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+    logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
+    return suite
 
 
 class FastRenderer:
