@@ -12,6 +12,7 @@ one-line ``ValueError`` naming it (:func:`require_simulator`).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 from typing import Dict, Optional, Sequence
@@ -48,6 +49,7 @@ def check_task(task: str) -> str:
 def require_simulator():
     """Import robosuite (with mujoco and h5py) or raise a one-line ``ValueError`` naming the extra."""
     os.environ.setdefault("MUJOCO_GL", "egl")          # headless rendering (osmesa also works)
+    _load_triton_first()
     logging.disable(logging.WARNING)     # robosuite warns at import about optional robots vitmix never uses
     try:
         for name in ("mujoco", "h5py"):
@@ -60,6 +62,16 @@ def require_simulator():
         logging.disable(logging.NOTSET)
     logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
     return suite
+
+
+def _load_triton_first() -> None:
+    """Mesa's GL driver and triton each load an LLVM; triton's, loaded once a GL context exists (torch
+    imports it lazily, e.g. when timm builds the policy), crashes the process — so it is loaded first."""
+    if importlib.util.find_spec("triton") is not None:
+        try:
+            importlib.import_module("triton")
+        except Exception:            # a broken triton is torch's concern, not the simulator's
+            pass
 
 
 class FastRenderer:
