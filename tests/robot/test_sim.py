@@ -30,3 +30,25 @@ def test_fast_renderer_matches_robosuites_camera():
         renderer.close()
     finally:
         env.close()
+
+
+@needs_simulator
+def test_a_broken_triton_does_not_stop_the_simulator(monkeypatch):
+    """Triton is imported before any GL context (Mesa's LLVM and triton's clash otherwise); when that
+    import fails, the simulators still load."""
+    import importlib
+
+    from vitmix.robot import sim
+
+    real = importlib.import_module
+    tried = []
+
+    def failing(name, *args):
+        if name == "triton":
+            tried.append(name)
+            raise RuntimeError("broken triton")
+        return real(name, *args)
+
+    monkeypatch.setattr(sim.importlib, "import_module", failing)
+    monkeypatch.setattr(sim.importlib.util, "find_spec", lambda name: object())
+    assert sim.require_simulator().__name__ == "robosuite" and tried == ["triton"]

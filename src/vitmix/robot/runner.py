@@ -95,6 +95,11 @@ def _build(meta: dict) -> DiffusionPolicy:
                            horizon=meta["horizon"])
 
 
+def _save_policy(run_dir: Path, model, ema, meta: dict) -> None:
+    save_weights(model, run_dir / "last.safetensors", meta)
+    save_weights(ema.module, run_dir / "ema.safetensors", meta)
+
+
 def _batches(loader):
     while True:
         yield from loader
@@ -137,8 +142,9 @@ def train_policy(cfg: RobotTrainConfig, log: Callable[[str], None] = print) -> P
     parts = Trainable(model, optimizer, ema=ema, loader=loader)
     run_dir.mkdir(parents=True, exist_ok=True)
     demos = len(data.actions)
-    if cfg.resume:
-        resumed = resume_run(run_dir, parts, log, lambda history: None)
+    if cfg.resume:       # weights newer than the manifest (killed mid-checkpoint) are rewritten from it
+        resumed = resume_run(run_dir, parts, log, lambda history: _save_policy(
+            run_dir, model, ema, _meta(cfg, stats, history[-1]["step"] if history else 0, demos)))
     else:
         save_text(run_dir / "config.yaml", yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
         resumed = Resumed()
@@ -164,9 +170,7 @@ def train_policy(cfg: RobotTrainConfig, log: Callable[[str], None] = print) -> P
         if step % cfg.save_every == 0 or step == cfg.steps:
             elapsed = seconds + time.perf_counter() - start
             history.append({"step": step, "loss": float(np.mean(losses)), "seconds": round(elapsed, 1)})
-            meta = _meta(cfg, stats, step, demos)
-            save_weights(model, run_dir / "last.safetensors", meta)
-            save_weights(ema.module, run_dir / "ema.safetensors", meta)
+            _save_policy(run_dir, model, ema, _meta(cfg, stats, step, demos))
             save_metrics(run_dir, history)
             save_manifest(run_dir, parts, len(history), step, history, CHECKPOINT_FILES)
             plot_loss(history, run_dir / "curves.png", f"{cfg.task} · {cfg.mixer}")
