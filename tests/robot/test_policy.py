@@ -55,3 +55,16 @@ def test_policy_trains_and_samples(mixer):
     policy.eval()
     out = policy.predict(images, proprio, steps=2, generator=torch.Generator().manual_seed(0))
     assert out.shape == (3, HORIZON, 7) and out.abs().max() <= 1.0 + 1e-6
+
+
+def test_crops_are_random_per_image_in_training_and_central_in_evaluation():
+    policy = DiffusionPolicy()
+    x = torch.arange(84.0)[None, None, None, :].expand(64, 3, 84, 84) + 100 * torch.arange(84.0)[:, None]
+    crops = policy.train()._crop(x)
+    assert crops.shape == (64, 3, 76, 76)
+    left, top = crops[:, 0, 0, 0] % 100, crops[:, 0, 0, 0] // 100       # each crop's top-left pixel
+    assert left.max() <= 8 and top.max() <= 8 and len(set(zip(left.tolist(), top.tolist()))) > 10
+    for k in range(64):                                                # a crop is a contiguous window
+        t, lft = int(top[k]), int(left[k])
+        torch.testing.assert_close(crops[k], x[k, :, t:t + 76, lft:lft + 76])
+    torch.testing.assert_close(policy.eval()._crop(x), x[..., 4:80, 4:80])

@@ -160,13 +160,21 @@ class DiffusionPolicy(nn.Module):
         """``images (B, T, cams, 3, 84, 84)`` uint8, ``proprio (B, T, 9)`` → the UNet's global condition."""
         b, t, cams = images.shape[:3]
         x = images.flatten(0, 2).float() / 127.5 - 1.0
-        if self.training:                               # one random 76² crop per image
-            i, j = torch.randint(0, x.shape[-1] - CROP + 1, (2,)).tolist()
-        else:
-            i = j = (x.shape[-1] - CROP) // 2
-        feats = self.encoder(x[..., i:i + CROP, j:j + CROP]).view(b, t, cams * self.encoder.out_dim)
+        feats = self.encoder(self._crop(x)).view(b, t, cams * self.encoder.out_dim)
         scaled = 2 * (proprio - self.proprio_low) / self.proprio_span - 1
         return torch.cat([feats, scaled], dim=-1).flatten(1)
+
+    def _crop(self, x: torch.Tensor) -> torch.Tensor:
+        """76² crops of ``(M, 3, 84, 84)`` images: at a random place per image in training (as the
+        official CropRandomizer), the centre in evaluation."""
+        m, side = x.shape[0], x.shape[-1]
+        if not self.training:
+            i = (side - CROP) // 2
+            return x[..., i:i + CROP, i:i + CROP]
+        top, left = torch.randint(0, side - CROP + 1, (2, m, 1), device=x.device)
+        span = torch.arange(CROP, device=x.device)
+        rows, cols = (top + span)[:, :, None], (left + span)[:, None, :]            # (M, 76, 1), (M, 1, 76)
+        return x[torch.arange(m, device=x.device)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
 
     def loss(self, images, proprio, actions, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """The DDPM training loss of one batch (actions already in [-1, 1])."""
