@@ -30,6 +30,7 @@ def test_encoder_tokens_and_robot_mixers():
     assert vit.patch_embed.num_patches == 81 and vit.num_prefix_tokens == 1      # 81 patches + CLS
     layers = [m for m in vit.modules() if isinstance(m, FibottentionAttention)]
     assert [m.layer_idx for m in layers] == [0, 1, 2, 3] and {m.preset for m in layers} == {"robot"}
+    assert {m.num_heads for m in layers} == {12}                     # ViT-B's heads: the official rows
     assert {m.mode for m in DiffusionPolicy("fibottention", "masked").encoder.modules()
             if isinstance(m, FibottentionAttention)} == {"masked"}
     assert {m.layout for m in DiffusionPolicy("bigbird").encoder.modules()

@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
     t.add_argument("--mixer", default="softmax", help="the image encoder's token mixer (see `vitmix mixers`)")
     t.add_argument("--fibottention", default="official",
                    help="Fibottention's form: official (robot code: logits times the mask) | masked (the paper's)")
-    t.add_argument("--encoder", default="small", help="small (width 128, depth 4, 8 heads) | vit_b (ViT-B/8)")
+    t.add_argument("--encoder", default="small", help="small (width 192, depth 4, 12 heads) | vit_b (ViT-B/8)")
     t.add_argument("--steps", type=int, default=1500, help="optimizer steps")
     t.add_argument("--batch-size", type=int, default=64)
     t.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")

@@ -8,8 +8,9 @@ step, concatenated with the scaled proprioception, are the global condition of a
 (FiLM-conditioned residual blocks) that denoises the ``horizon × 7`` action chunk, trained as a DDPM
 with :class:`vitmix.models.diffusion.GaussianDiffusion` and sampled with DDIM.
 
-The default encoder (width 128, depth 4, 8 heads) and UNet (64/128 channels) are sized for a CPU;
-``encoder="vit_b"`` is the paper's ViT-B/8 (width 768, depth 12, 12 heads).
+The default encoder (width 192, depth 4) and UNet (64/128 channels) are sized for a CPU; it keeps
+ViT-B's 12 heads, because Fibottention gives each head its own Wythoff row (12 heads: the official
+pattern and its 10.8 % density). ``encoder="vit_b"`` is the paper's ViT-B/8 (width 768, depth 12).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ __all__ = ["ENCODERS", "FIBOTTENTION_FORMS", "mixer_options", "ViTImageEncoder",
            "DiffusionPolicy"]
 
 #: encoder sizes: (width, depth, heads)
-ENCODERS = {"small": (128, 4, 8), "vit_b": (768, 12, 12)}
+ENCODERS = {"small": (192, 4, 12), "vit_b": (768, 12, 12)}
 #: Fibottention in the policy: the official robot code's form, or the paper's masked form of it
 FIBOTTENTION_FORMS = {"official": dict(preset="robot"), "masked": dict(preset="robot", mode="masked")}
 CROP = 76
