@@ -29,7 +29,7 @@ def _one_line_error(capsys, argv, *needles):
 def test_missing_simulator_names_the_extra(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "robosuite", None)          # forces ImportError on import
     _one_line_error(capsys, ["robot", "demos", "--task", "lift", "--episodes", "1", "--out", str(tmp_path / "d")],
-                    "pip install 'vitmix[robot]'", "robosuite")
+                    "pip install 'vitmix[robot]'", "is not installed")
     assert not (tmp_path / "d").exists()
 
 

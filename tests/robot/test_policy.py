@@ -9,9 +9,7 @@ from vitmix.robot.policy import DiffusionPolicy
 
 from .conftest import needs_h5py, write_demos
 
-pytestmark = needs_h5py
-
-
+@needs_h5py
 def test_windows_pad_both_ends_with_the_edge_steps(tmp_path):
     data = DemoWindows(write_demos(tmp_path / "demos.hdf5", lengths=(5, 7)), "lift")
     assert len(data) == (5 + N_OBS - 1) + (7 + N_OBS - 1)           # every step starts a window

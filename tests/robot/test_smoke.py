@@ -3,7 +3,6 @@ experts' success on seeded episodes), 20 training steps with a resume half-way, 
 import csv
 import json
 
-import h5py
 import pytest
 
 from vitmix.cli import main
@@ -15,6 +14,8 @@ pytestmark = needs_simulator
 
 @pytest.mark.parametrize("task", ["lift", "can"])
 def test_demos_train_resume_eval(tmp_path, task, capsys):
+    import h5py
+
     demos, run = tmp_path / "demos", tmp_path / "run"
     assert main(["robot", "demos", "--task", task, "--episodes", "3", "--out", str(demos)]) == 0
     with h5py.File(demos / "demos.hdf5") as f:
