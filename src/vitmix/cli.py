@@ -25,6 +25,7 @@ _SUBCOMMAND_MODULES = (
     "vitmix.analysis.cli",
     "vitmix.generate.cli",
     "vitmix.dense.cli",
+    "vitmix.robot.cli",
     "vitmix.export",
     "vitmix.listing",
 )
@@ -74,7 +75,8 @@ class CommandParser(Parser):
 
 
 #: How to continue an interrupted job whose own message would name the wrong command.
-_CONTINUE = {"compare": "rerun the same command to continue where it stopped"}
+_CONTINUE = {"compare": "rerun the same command to continue where it stopped",
+             "robot": "rerun the same command (train: with --resume) to continue where it stopped"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vitmix.generate.diffusion import GaussianDiffusion, cosine_betas, guided, linear_betas
+from vitmix.models.diffusion import GaussianDiffusion, cosine_betas, guided, linear_betas
 
 
 def _single_image_oracle(diffusion, image):

@@ -32,7 +32,7 @@ from ..runs import (
     save_text, save_weights, seeded_subset,
 )
 from .config import GenerateConfig
-from .diffusion import PREDICTIONS, SCHEDULES, GaussianDiffusion
+from ..models.diffusion import PREDICTIONS, SCHEDULES, GaussianDiffusion
 from .fd import FD_LABEL, FeatureNet, features, frechet_distance, gaussian_stats, train_feature_net
 
 #: what ``--resume`` may change (anything else would make a different run)

@@ -27,6 +27,12 @@ Defaults and where they come from: ``window_blocks=3`` and ``random_blocks=3`` a
 (ITC and ETC alike); its block size 64 is meant for 4096-token text, so vitmix uses ``block_size=8``:
 ``(3 + 3)·8 = 48`` patch keys per query, about the 49-key budget of the other linear baselines.
 ``mode="masked"`` computes the same function densely (the reference; supports ``attn_drop``).
+
+``layout="band"`` is the BigBird of Fibottention's official robot-learning code, the baseline its
+robot table compares against: each patch token attends to the patch tokens within ``±band`` (4) of
+it in raster order, plus ``N`` random (query, key) patch pairs per head, drawn anew at every call (in
+evaluation too, as there), plus the prefix (CLS) row and column; dense, −∞ outside the pattern,
+O(N²). The block options do not apply to it.
 """
 from __future__ import annotations
 
@@ -37,12 +43,15 @@ import torch
 
 from ..ops._common import real_tensors
 from ..ops.index_sparse import IndexPattern, index_mask, index_pattern, index_sparse_attention, masked_index_attention
-from .base import AttentionProjections, TokenMixer
+from .base import AttentionProjections, TokenMixer, close_matches
 from ._sparse import PrefixOnlyGrid, cached_pattern, check_sparse_options, prefix_only_grid
 from .options import positive_int
 from .registry import register_mixer
 
-__all__ = ["BigBirdAttention", "bigbird_index"]
+__all__ = ["BigBirdAttention", "bigbird_index", "band_random_mask", "LAYOUTS"]
+
+#: ``"blocks"``: the paper's block pattern; ``"band"``: the Fibottention robot code's band + random pairs
+LAYOUTS = ("blocks", "band")
 
 _RANDOM_ROWS_PER_DRAW = 64  # query blocks per random draw (bounds memory; fixed, so patterns are stable)
 
@@ -78,6 +87,23 @@ def bigbird_index(num_tokens: int, num_heads: int, block_size: int = 8, window_b
     return torch.where((key_blocks[..., None] >= 0) & (tokens < n), tokens, -1).flatten(2)
 
 
+def band_random_mask(num_tokens: int, num_heads: int, prefix: int, band: int = 4,
+                     generator: Optional[torch.Generator] = None, device=None) -> torch.Tensor:
+    """``(H, P+N, P+N)`` bool mask of ``layout="band"``: ``|i − j| <= band`` on the patch block, ``N``
+    random patch pairs per head (duplicates and band hits allowed, as drawn), prefix rows/columns all
+    true. A fresh draw from ``generator`` (torch's global one when ``None``) at each call."""
+    n, t = num_tokens, prefix + num_tokens
+    pos = torch.arange(n, device=device)
+    mask = torch.zeros(num_heads, t, t, dtype=torch.bool, device=device)
+    mask[:, prefix:, prefix:] = (pos[:, None] - pos[None, :]).abs() <= band
+    flat = torch.randint(0, n * n, (num_heads, n), generator=generator).to(device)
+    heads = torch.arange(num_heads, device=device)[:, None].expand(-1, n)
+    mask[heads, prefix + flat // n, prefix + flat % n] = True
+    mask[:, :prefix, :] = True
+    mask[:, :, :prefix] = True
+    return mask
+
+
 @torch.compiler.assume_constant_result
 def _constant_index(num_tokens: int, num_heads: int, block_size: int, window_blocks: int, random_blocks: int,
                     seed: int, device: str) -> torch.Tensor:
@@ -100,6 +126,9 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         seed: seed of the random blocks; ``None`` (default) draws one from torch's global generator
             at construction. Stored in the ``pattern_seed`` buffer (checkpoints restore it).
         mode: ``"sparse"`` (default) or ``"masked"`` (dense reference; supports ``attn_drop``).
+        layout: ``"blocks"`` (default, the paper's pattern) or ``"band"`` (Fibottention's robot code:
+            ``±band`` raster band + N random pairs redrawn per call + prefix row/column; module docstring).
+        band: half-width of ``layout="band"``'s band (default 4, the official robot code's).
         See :class:`~vitmix.mixers.base.TokenMixer` for the shared arguments. Only the prefix count
         of the grid is used: with ``num_prefix_tokens`` given and no ``hw``, any length works.
     """
@@ -111,10 +140,16 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
     padding_mask = "by_length"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, block_size: int = 8, window_blocks: int = 3,
-                 random_blocks: int = 3, seed: Optional[int] = None, mode: str = "sparse", **kwargs) -> None:
+                 random_blocks: int = 3, seed: Optional[int] = None, mode: str = "sparse", layout: str = "blocks",
+                 band: int = 4, **kwargs) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
         qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         check_sparse_options("bigbird", mode, None, attn_drop)
+        if layout not in LAYOUTS:
+            raise ValueError(f"bigbird layout={layout!r} is not one of {', '.join(LAYOUTS)}."
+                             + close_matches(str(layout), LAYOUTS))
+        self.layout = layout
+        self.band = positive_int(band, "band", 0)
         self.block_size = positive_int(block_size, "block_size", 1)
         self.window_blocks = positive_int(window_blocks, "window_blocks", 1)
         if self.window_blocks % 2 == 0:
@@ -153,7 +188,11 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
 
     def mix(self, x, grid, attn_mask=None, is_causal=False):
         prefix, n, q, k, v = self._prefix_qkv(x, grid)
-        if self.mode == "sparse":
+        if self.layout == "band":
+            drop = self.attn_drop.p if self.training else 0.0
+            mask = band_random_mask(n, self.num_heads, prefix, self.band, device=x.device)
+            out = masked_index_attention(q, k, v, None, prefix, scale=self.scale, attn_drop=drop, mask=mask)
+        elif self.mode == "sparse":
             out = index_sparse_attention(q, k, v, self.pattern(n, x.device), prefix, scale=self.scale)
         else:
             drop = self.attn_drop.p if self.training else 0.0
@@ -169,7 +208,7 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
         c, d, h = self.dim, self.head_dim, self.num_heads
         prefix = self.token_grid(n, *prefix_only_grid(self, n, None, None))[0]
         total = 2 * batch * n * c * 4 * c
-        if self.mode == "masked":
+        if self.mode == "masked" or self.layout == "band":
             return total + 4 * batch * h * n * n * d
         slots = (self.window_blocks + self.random_blocks) * self.block_size
         padded = math.ceil((n - prefix) / self.block_size) * self.block_size
@@ -180,10 +219,12 @@ class BigBirdAttention(PrefixOnlyGrid, AttentionProjections, TokenMixer):
                       num_prefix_tokens: Optional[int] = None, **_) -> torch.Tensor:
         """Effective ``(B, heads, N, N)`` weights (dense, O(N²); zero outside the pattern)."""
         prefix, n, q, k, _ = self._prefix_qkv(x, self._map_grid(x, hw, num_prefix_tokens))
-        mask = self._mask(n, prefix, x.device)
+        mask = (band_random_mask(n, self.num_heads, prefix, self.band, device=x.device) if self.layout == "band"
+                else self._mask(n, prefix, x.device))
         scores = ((q @ k.transpose(-1, -2)) * self.scale).masked_fill(~mask, float("-inf"))
         return torch.softmax(scores, dim=-1)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, block_size={self.block_size}, "
-                f"window_blocks={self.window_blocks}, random_blocks={self.random_blocks}, mode={self.mode!r}")
+                f"window_blocks={self.window_blocks}, random_blocks={self.random_blocks}, mode={self.mode!r}, "
+                f"layout={self.layout!r}, band={self.band}")

@@ -20,6 +20,12 @@ multiplicative mask (``mode="official"``), Python's ``random`` head order (``shu
 and one head order for every layer (``shuffle_per_layer=False``: the official module-global mask
 cache is built by layer 0 and reused by all layers); see ``docs/presets.md``.
 
+``preset="robot"`` is the official *robot-learning* code's form (its ViT image encoder of a diffusion
+policy): the modified Wythoff rows (``variant="modified_legacy"``), a window of ``N`` for every head
+(``windows="full"``), the multiplicative mask and Python's head order drawn anew in every layer — a
+density of 10.8 % of the patch pairs at N = 81 with 12 heads. ``preset="robot", mode="masked"`` is the
+same pattern applied as the paper describes it (−∞ outside the pattern); see ``docs/robot.md``.
+
 Layer index: timm's ``Block`` does not tell its attention module where it sits, but the head
 shuffle depends on it. vitmix's Fibottention models set it; for a stock timm model call
 :func:`assign_layer_indices` after building it (``layer_idx=None`` behaves as layer 0).
@@ -41,10 +47,12 @@ from .flops import linears_flops
 from ._sparse import diagonal_pattern
 from .registry import register_mixer
 
-__all__ = ["FibottentionAttention", "assign_layer_indices", "MODES"]
+__all__ = ["FibottentionAttention", "assign_layer_indices", "MODES", "WINDOWS"]
 
 #: application modes of the Fibottention pattern
 MODES = ("sparse", "masked", "official")
+#: how the per-head windows are chosen: spread from w_min to w_max, or N for every head (robot code)
+WINDOWS = ("spread", "full")
 
 
 @register_mixer("fibottention")
@@ -59,7 +67,9 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         w_min: smallest per-head window (official: 5).
         w_max: largest per-head window; ``None`` (default) uses ``N // 3`` of the current input's
             patch-token count ``N``, as the official code does.
-        variant: ``"wythoff"`` (image models, default) | ``"modified"`` (video/robot code, adds two
+        windows *(preset)*: ``"spread"`` (default): head windows spread linearly from ``w_min`` to
+            ``w_max``; ``"full"`` (robot code): every head's window is the patch-token count ``N``.
+        variant *(preset)*: ``"wythoff"`` (image models, default) | ``"modified"`` (video/robot code, adds two
             smaller offsets per head, including 0 in head 1) | ``"modified_legacy"``.
         shuffle *(preset)*: per-layer head permutation: ``"stable"`` (default, version-independent),
             ``"official"`` (Python ``random.seed(layer)`` order of the official code) or ``"none"``.
@@ -85,8 +95,12 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
     padding_mask = "by_length"
     #: option values of each ``preset`` (every preset names the same options)
     presets = {
-        "default": dict(mode="sparse", shuffle="stable", shuffle_per_layer=True),
-        "official": dict(mode="official", shuffle="official", shuffle_per_layer=False),
+        "default": dict(mode="sparse", shuffle="stable", shuffle_per_layer=True, variant="wythoff",
+                        windows="spread"),
+        "official": dict(mode="official", shuffle="official", shuffle_per_layer=False, variant="wythoff",
+                         windows="spread"),
+        "robot": dict(mode="official", shuffle="official", shuffle_per_layer=True, variant="modified_legacy",
+                      windows="full"),
     }
 
     def __init__(
@@ -98,7 +112,8 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         mode: str = FROM_PRESET,
         w_min: int = 5,
         w_max: Optional[int] = None,
-        variant: str = "wythoff",
+        variant: str = FROM_PRESET,
+        windows: str = FROM_PRESET,
         shuffle: str = FROM_PRESET,
         shuffle_per_layer: bool = FROM_PRESET,
         layer_idx: Optional[int] = None,
@@ -109,9 +124,9 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         super().__init__(dim, num_heads, *args, **kwargs)
         qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer = self.timm_options
         opts = resolve_preset(type(self).__name__, self.presets, preset, mode=mode, shuffle=shuffle,
-                              shuffle_per_layer=shuffle_per_layer)
-        mode, shuffle = opts["mode"], opts["shuffle"]
-        _check_choices(mode=mode, variant=variant, shuffle=shuffle, backend=backend)
+                              shuffle_per_layer=shuffle_per_layer, variant=variant, windows=windows)
+        mode, shuffle, variant, windows = opts["mode"], opts["shuffle"], opts["variant"], opts["windows"]
+        _check_choices(mode=mode, variant=variant, shuffle=shuffle, backend=backend, windows=windows)
         if opts["shuffle_per_layer"] not in (True, False):
             raise ValueError(f"shuffle_per_layer must be True or False, got {opts['shuffle_per_layer']!r}")
         if include_diagonal not in (None, True, False):
@@ -120,7 +135,7 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
         self.w_max = None if w_max is None else _as_int(w_max, "w_max", 0)
         if self.w_max is not None and self.w_max < self.w_min:
             raise ValueError(f"w_max={self.w_max} must be >= w_min={self.w_min}")
-        if num_heads == 1 and (self.w_max is None or self.w_max != self.w_min):
+        if num_heads == 1 and windows == "spread" and (self.w_max is None or self.w_max != self.w_min):
             raise ValueError(
                 "fibottention spreads windows from w_min to w_max across heads, which is undefined for "
                 "num_heads=1; use >= 2 heads, or pass w_max equal to w_min for a single window"
@@ -129,6 +144,7 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
             raise ValueError("fibottention mode='sparse' does not implement attention dropout; use attn_drop=0 "
                              "or mode='masked'")
         self.preset, self.mode, self.variant, self.shuffle, self.backend = preset, mode, variant, shuffle, backend
+        self.windows = windows
         self.shuffle_per_layer = bool(opts["shuffle_per_layer"])
         self.include_diagonal = include_diagonal
         self._layer_idx = None if layer_idx is None else _as_int(layer_idx, "layer_idx", 0)
@@ -150,8 +166,9 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
     def head_offsets(self, num_tokens: int) -> List[Tuple[int, ...]]:
         """Offset set of each head for ``num_tokens`` patch tokens (prefix tokens excluded)."""
         layer = (self._layer_idx or 0) if self.shuffle_per_layer else 0
-        return fibonacci_offsets(num_tokens, self.num_heads, layer=layer, w_min=self.w_min,
-                                 w_max=self.w_max, variant=self.variant, shuffle=self.shuffle,
+        w_min, w_max = (num_tokens, num_tokens) if self.windows == "full" else (self.w_min, self.w_max)
+        return fibonacci_offsets(num_tokens, self.num_heads, layer=layer, w_min=w_min,
+                                 w_max=w_max, variant=self.variant, shuffle=self.shuffle,
                                  include_diagonal=self.include_diagonal)
 
     def _pattern(self, kind: str, num_tokens: int, prefix: int, device: torch.device):
@@ -233,12 +250,14 @@ class FibottentionAttention(AttentionProjections, TokenMixer):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, preset={self.preset!r}, mode={self.mode!r}, "
-                f"variant={self.variant!r}, w_min={self.w_min}, w_max={self.w_max}, shuffle={self.shuffle!r}, "
+                f"variant={self.variant!r}, windows={self.windows!r}, w_min={self.w_min}, w_max={self.w_max}, "
+                f"shuffle={self.shuffle!r}, "
                 f"shuffle_per_layer={self.shuffle_per_layer}, layer_idx={self._layer_idx}")
 
 
 def _check_choices(**choices) -> None:
-    allowed_values = {"mode": MODES, "variant": VARIANTS, "shuffle": SHUFFLES, "backend": BACKENDS}
+    allowed_values = {"mode": MODES, "variant": VARIANTS, "shuffle": SHUFFLES, "backend": BACKENDS,
+                      "windows": WINDOWS}
     for name, value in choices.items():
         allowed = allowed_values[name]
         if value not in allowed:

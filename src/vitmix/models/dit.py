@@ -33,7 +33,7 @@ the identity at the adaLN-Zero init (the output still is 0); ``norm_residual=Fal
 Differences from the official DiT, on purpose:
 
 * ``learn_sigma`` is not offered: vitmix trains the simple ε- (or v-) MSE loss of
-  :mod:`vitmix.generate.diffusion`; DiT's extra σ channels only make sense with Improved DDPM's hybrid
+  :mod:`vitmix.models.diffusion`; DiT's extra σ channels only make sense with Improved DDPM's hybrid
   VLB loss.
 * the null-class row of the label table always exists (also with ``class_dropout_prob=0``), so any model
   can be sampled unconditionally; classifier-free guidance is applied to all output channels (DiT's

@@ -1,0 +1,40 @@
+"""`vitmix robot compare`: the table and the claim from rows, and the grid end to end at toy size,
+continued by rerunning the command."""
+import pytest
+
+from vitmix.cli import main
+from vitmix.robot.compare import results_table
+
+from .conftest import needs_simulator
+
+DEMOS = {"lift": {"kept": 3, "episodes": 3, "seed": 0, "noise": 0.0, "expert_success_rate": 1.0}}
+
+
+def _rows(fib, soft, big):
+    rows = []
+    for mixer, values in (("softmax", soft), ("fibottention", fib), ("bigbird", big)):
+        rows += [{"task": "lift", "mixer": mixer, "seed": s, "success_rate": v, "rollouts": 50, "train_steps": 1500,
+                  "train_seconds": 10.0} for s, v in enumerate(values)]
+    return rows
+
+
+@pytest.mark.parametrize("fib, verdict", [((0.8, 0.6), "holds"), ((0.3, 0.5), "fails")])
+def test_table_reports_per_seed_values_and_the_claim(fib, verdict):
+    text = results_table(_rows(fib, soft=(0.5, 0.5), big=(0.7, 0.3)), DEMOS)
+    assert f"**{verdict}**" in text
+    assert "| softmax | 0.50 ± 0.00 (0.50, 0.50) | 0.500 |" in text
+    assert "3/3 expert episodes kept (100%), seed 0" in text
+
+
+@needs_simulator
+def test_compare_grid_runs_and_continues(tmp_path, capsys):
+    argv = ["robot", "compare", "--out", str(tmp_path / "grid"), "--tasks", "lift", "--seeds", "0", "--episodes", "1",
+            "--steps", "2", "--batch-size", "4", "--rollouts", "1", "--max-steps", "8", "--sample-steps", "1"]
+    assert main(argv) == 0
+    table = (tmp_path / "grid" / "results.md").read_text()
+    assert "| fibottention |" in table and "| bigbird |" in table and "Paper's claim" in table
+    capsys.readouterr()
+    assert main(argv) == 0                                      # everything done: nothing retrained or re-rolled
+    out = capsys.readouterr().out
+    assert "already trained for 2 steps" in out and "rollout 1/1" not in out
+    assert (tmp_path / "grid" / "results.md").read_text() == table
