@@ -80,7 +80,8 @@ def fingerprint(name: str) -> dict:
             x = model.example_inputs(2, generator=torch.Generator().manual_seed(1))[0]
         else:
             x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
-        assert (x.dtype == torch.float64 or not x.is_floating_point()) and all(p.dtype == torch.float64 for p in model.parameters())
+        assert x.dtype == torch.float64 or not x.is_floating_point()          # token ids stay integers
+        assert all(p.dtype == torch.float64 for p in model.parameters())
         with torch.no_grad():
             y = model(x)
     assert y.dtype == torch.float64
