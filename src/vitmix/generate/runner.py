@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -22,7 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .._util import close_matches, plural
+from .._util import cache_dir, close_matches, plural
 from ..data import build_datasets
 from ..models import create_model, is_vitmix_model, list_models
 from ..models.dit import GENERATION, model_task
@@ -368,7 +367,7 @@ def fd_step(cfg: GenerateConfig, run_dir: Path, sampler, diffusion, train: Tuple
 
 
 def _fd_cache_dir() -> Path:
-    return Path(os.environ.get("VITMIX_CACHE_DIR") or Path.home() / ".cache" / "vitmix") / "fd"
+    return cache_dir("fd")
 
 
 def _classifier_key(x: Tensor, y: Tensor, num_classes: int) -> str:

@@ -36,6 +36,8 @@ import threading
 import warnings
 from typing import List, Optional, Sequence, Tuple
 
+from .. import _util
+
 CFLAGS = ["-O3", "-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
           "-fassociative-math", "-D_POSIX_C_SOURCE=200809L"]
 #: added with ``VITMIX_C_SANITIZE=1`` (the CI's sanitizer run of the C op tests)
@@ -117,7 +119,7 @@ def bind(lib: ctypes.CDLL, prototypes) -> None:
 
 
 def cache_dir() -> str:
-    return os.environ.get("VITMIX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "vitmix")
+    return str(_util.cache_dir())
 
 
 def untrusted(path: str, kind: str = "file") -> str:
