@@ -1,4 +1,5 @@
-"""The device the Triton kernel tests run on, or a module-level skip that says why they cannot run."""
+"""The device the Triton kernel tests run on, or a module-level skip that says why they cannot run; and the
+counters that prove a Triton entry point ran (a silent fallback leaves them at 0)."""
 import pytest
 import torch
 
@@ -15,3 +16,14 @@ def triton_test_device() -> str:
     if torch.cuda.is_available():
         return "cuda"
     pytest.skip("no CUDA device and TRITON_INTERPRET is not 1", allow_module_level=True)
+
+
+def count_calls(monkeypatch, counts, spies) -> None:
+    """Wrap each ``(module, name, key)`` of ``spies`` so that a call adds 1 to ``counts[key]``."""
+    for module, name, key in spies:
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _key=key, **kwargs):
+            counts[_key] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(module, name, counted)

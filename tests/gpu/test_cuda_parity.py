@@ -25,6 +25,7 @@ import vitmix
 from vitmix.export import relative_error
 from vitmix.ops import _triton
 from _families import FAMILIES, family_model, model_inputs
+from _triton_device import count_calls
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
@@ -126,18 +127,10 @@ def triton_calls(monkeypatch):
 
     counts = collections.Counter()
 
-    def spy(module, name, key):
-        real = getattr(module, name)
-
-        def counted(*args, **kwargs):
-            counts[key] += 1
-            return real(*args, **kwargs)
-        monkeypatch.setattr(module, name, counted)
-    spy(kernel_triton, "pair_forward", "forward")
-    spy(kernel_triton, "pair_grads", "grads")
-    spy(newton_triton, "iterate", "newton")
-    spy(diagonal_triton, "diagonal_forward", "diagonal")
-    spy(diagonal_triton, "diagonal_backward", "diagonal_grads")
+    count_calls(monkeypatch, counts, [
+        (kernel_triton, "pair_forward", "forward"), (kernel_triton, "pair_grads", "grads"),
+        (newton_triton, "iterate", "newton"), (diagonal_triton, "diagonal_forward", "diagonal"),
+        (diagonal_triton, "diagonal_backward", "diagonal_grads")])
     return counts
 
 

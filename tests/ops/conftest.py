@@ -1,5 +1,6 @@
 """Fixtures of the ops tests."""
 import pytest
+from _triton_device import count_calls
 
 
 @pytest.fixture
@@ -9,17 +10,8 @@ def calls(monkeypatch):
     from vitmix.ops.newton import triton as newton_triton
 
     counts = {"forward": 0, "grads": 0, "newton": 0}
-
-    def spy(module, name, key):
-        real = getattr(module, name)
-
-        def counted(*args, **kwargs):
-            counts[key] += 1
-            return real(*args, **kwargs)
-        monkeypatch.setattr(module, name, counted)
-    spy(kernel_triton, "pair_forward", "forward")
-    spy(kernel_triton, "pair_grads", "grads")
-    spy(newton_triton, "iterate", "newton")
+    count_calls(monkeypatch, counts, [(kernel_triton, "pair_forward", "forward"),
+                                      (kernel_triton, "pair_grads", "grads"), (newton_triton, "iterate", "newton")])
     return counts
 
 
