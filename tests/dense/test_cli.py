@@ -162,6 +162,26 @@ def test_resuming_a_run_saved_with_fractional_scores_keeps_one_unit(folders, tmp
         max(first["mIoU"], second["mIoU"]))
 
 
+def test_a_run_that_diverged_before_its_first_epoch_can_be_retried_in_the_same_out(folders, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Regression: a non-finite loss left no aborted.json, so the retry into the same --out was refused as
+    "already holds a run" (vitmix train's rule, tests/train/test_run_dir.py, now shared by every task)."""
+    from vitmix.dense import runner
+
+    out = tmp_path / "run"
+    real = runner._loss
+    monkeypatch.setattr(runner, "_loss", lambda *a, **k: real(*a, **k) * float("nan"))
+    capsys.readouterr()
+    assert _segment(folders, out, "--max-steps", "1") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]      # after the progress bar's line
+    assert err.startswith("vitmix dense: error: the loss became nan")
+    assert err.endswith("finished no epoch, so the retry may use the same --out")
+    assert json.loads((out / "aborted.json").read_text())["reason"].startswith("the loss became nan")
+    monkeypatch.undo()
+    assert _segment(folders, out, "--max-steps", "1") == 0
+    assert not (out / "aborted.json").exists() and (out / "state.pt").is_file()
+
+
 def test_resume_refuses_a_flag_that_would_change_the_run(seg_run, capsys):
     _fails(["dense", "train", "--out", str(seg_run), "--resume", "--lr", "0.5"], capsys, "--lr")
 

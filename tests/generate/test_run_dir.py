@@ -31,3 +31,22 @@ def test_a_resume_that_changes_the_run_names_the_flag(tmp_path, capsys, flag, va
     assert main(["generate", "train", "--out", str(out), "--resume", flag, value]) == 2
     err = capsys.readouterr().err.strip()
     assert f"--resume: {shown} " in err and "differs from the run's" in err and "\n" not in err
+
+
+def test_a_run_that_diverged_before_its_first_epoch_can_be_retried_in_the_same_out(tmp_path, capsys, monkeypatch):
+    """Regression: a non-finite diffusion loss left no aborted.json, so the retry into the same --out was refused
+    as "already holds a run" (vitmix train's rule, tests/train/test_run_dir.py, now shared by every task)."""
+    import json
+
+    from vitmix.models.diffusion import GaussianDiffusion
+
+    out = tmp_path / "run"
+    real = GaussianDiffusion.training_loss
+    monkeypatch.setattr(GaussianDiffusion, "training_loss", lambda *a, **k: real(*a, **k) * float("nan"))
+    assert main(["generate", "train", "--out", str(out), "--epochs", "1", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "loss became nan" in err and "finished no epoch, so the retry may use the same --out" in err
+    assert "\n" not in err and json.loads((out / "aborted.json").read_text())["reason"].startswith("the loss")
+    monkeypatch.undo()
+    assert main(["generate", "train", "--out", str(out), "--epochs", "1", *TINY]) == 0
+    assert not (out / "aborted.json").exists() and (out / "state.pt").is_file()

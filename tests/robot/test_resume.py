@@ -41,3 +41,21 @@ def test_killed_mid_checkpoint_resumes_from_the_last_complete_one(tmp_path, monk
     assert [h["step"] for h in history] == [2, 4, 6]
     state, meta = load_weights(tmp_path / "run" / "ema.safetensors")
     assert meta["step"] == 6 and all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_a_run_that_diverged_before_its_first_checkpoint_can_be_retried_in_the_same_out(tmp_path, monkeypatch):
+    """Regression: a non-finite loss left no aborted.json, so the retry into the same --out was refused as
+    "already holds a run" (vitmix train's rule, tests/train/test_run_dir.py, shared by every task)."""
+    from vitmix.robot.policy import DiffusionPolicy
+
+    demos = write_demos(tmp_path / "demos" / "demos.hdf5")
+    cfg = dict(task="lift", demos=str(demos), batch_size=2, save_every=2, steps=2, out=str(tmp_path / "run"),
+               device="cpu")
+    real = DiffusionPolicy.loss
+    monkeypatch.setattr(DiffusionPolicy, "loss", lambda *a, **k: real(*a, **k) * float("nan"))
+    with pytest.raises(FloatingPointError, match="loss became nan.*finished no epoch, so the retry may use the same"):
+        train_policy(RobotTrainConfig(**cfg), log=lambda *_: None)
+    assert json.loads((tmp_path / "run" / "aborted.json").read_text())["reason"].startswith("the loss became nan")
+    monkeypatch.undo()
+    train_policy(RobotTrainConfig(**cfg), log=lambda *_: None)
+    assert not (tmp_path / "run" / "aborted.json").exists() and (tmp_path / "run" / "state.pt").is_file()

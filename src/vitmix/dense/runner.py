@@ -23,9 +23,9 @@ from torch import nn
 
 from .._util import close_matches, plural
 from ..runs import (
-    BEST_FIRST, Trainable, atomic_write, checked_step, load_into, load_weights, model_meta,
+    BEST_FIRST, Trainable, atomic_write, checked_step, clear_aborted, load_into, load_weights, model_meta,
     prepare_run_dir as _prepare_run_dir, resolve_checkpoint, resume_run, save_manifest, save_metrics,
-    save_run_config, save_text, save_weights,
+    recorded_abort, save_run_config, save_text, save_weights,
 )
 from .config import DenseConfig
 
@@ -355,6 +355,7 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
         if "percent" not in done.state:       # a run saved while PERCENT scores were fractions: one unit throughout
             history, best = _fractions_to_percent(history, best, cfg.task)
     if dist_info.is_main:
+        clear_aborted(run_dir)
         save_run_config(run_dir, cfg, f"num_classes={num_classes}")
     net = model
     if dist_info.enabled:
@@ -372,32 +373,33 @@ def _train(cfg, run_dir, train_set, val_set, num_classes, classes, dist_info, lo
         f"world size {dist_info.world_size}; run dir {run_dir}")
     val_loader = _val_loader(val_set, cfg.task, cfg.batch_size // dist_info.world_size, cfg.workers)
     key = SCORE[cfg.task]
-    for epoch in range(start, cfg.epochs):
-        if cfg.max_steps is not None and step >= cfg.max_steps:
-            break
-        train_loader.sampler.set_epoch(epoch)
-        metrics, step = _train_epoch(net, optimizer, scheduler, train_loader, cfg, epoch, step, device, dist_info)
-        if dist_info.is_main:
-            t0 = time.perf_counter()
-            metrics.update(evaluate(model, val_loader, cfg.task, num_classes, device, masks=cfg.masks))
-            metrics["val_seconds"] = time.perf_counter() - t0
-            picture = run_dir / "predictions" / f"epoch-{epoch + 1:03d}.png"
-            save_predictions(model, val_set, cfg.task, num_classes, picture, cfg.preview, device, classes)
-            history.append(metrics)
-            score = metrics[key] if math.isfinite(metrics[key]) else -math.inf
-            meta = _meta(cfg, num_classes, classes, epoch + 1)
-            save_weights(model, run_dir / "last.safetensors", meta)
-            if score > best or not (run_dir / "best.safetensors").is_file():
-                best = max(best, score)
-                save_weights(model, run_dir / "best.safetensors", dict(meta, best_score=score))
-            save_metrics(run_dir, history)
-            save_manifest(run_dir, Trainable(model, optimizer), epoch + 1, step, history, CHECKPOINT_FILES,
-                          best_score=best, percent=PERCENT)
-            log(_epoch_line(cfg, metrics))
-        else:
-            history.append(metrics)
-        if dist_info.enabled:
-            dist.barrier()
+    with recorded_abort(run_dir, dist_info.is_main):
+        for epoch in range(start, cfg.epochs):
+            if cfg.max_steps is not None and step >= cfg.max_steps:
+                break
+            train_loader.sampler.set_epoch(epoch)
+            metrics, step = _train_epoch(net, optimizer, scheduler, train_loader, cfg, epoch, step, device, dist_info)
+            if dist_info.is_main:
+                t0 = time.perf_counter()
+                metrics.update(evaluate(model, val_loader, cfg.task, num_classes, device, masks=cfg.masks))
+                metrics["val_seconds"] = time.perf_counter() - t0
+                picture = run_dir / "predictions" / f"epoch-{epoch + 1:03d}.png"
+                save_predictions(model, val_set, cfg.task, num_classes, picture, cfg.preview, device, classes)
+                history.append(metrics)
+                score = metrics[key] if math.isfinite(metrics[key]) else -math.inf
+                meta = _meta(cfg, num_classes, classes, epoch + 1)
+                save_weights(model, run_dir / "last.safetensors", meta)
+                if score > best or not (run_dir / "best.safetensors").is_file():
+                    best = max(best, score)
+                    save_weights(model, run_dir / "best.safetensors", dict(meta, best_score=score))
+                save_metrics(run_dir, history)
+                save_manifest(run_dir, Trainable(model, optimizer), epoch + 1, step, history, CHECKPOINT_FILES,
+                              best_score=best, percent=PERCENT)
+                log(_epoch_line(cfg, metrics))
+            else:
+                history.append(metrics)
+            if dist_info.enabled:
+                dist.barrier()
     summary = {"run_dir": str(run_dir), "task": cfg.task, "model": cfg.model, "mixer": cfg.mixer, "data": cfg.data,
                "params": n_params, "img_size": cfg.img_size, "device": str(device), "epochs_run": len(history),
                "steps": step,

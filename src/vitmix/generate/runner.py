@@ -26,9 +26,9 @@ from ..data import build_datasets
 from ..models import create_model, is_vitmix_model, list_models
 from ..models.dit import GENERATION, model_task
 from ..runs import (
-    EMA_FIRST, Trainable, atomic_write, check_subset, checked_step, load_into, load_weights, model_meta, parse_device,
-    prepare_run_dir as _prepare_run_dir, resolve_checkpoint, resume_run, save_manifest, save_metrics, save_run_config,
-    save_text, save_weights, seeded_subset,
+    EMA_FIRST, Trainable, atomic_write, check_subset, checked_step, clear_aborted, load_into, load_weights, model_meta,
+    parse_device, prepare_run_dir as _prepare_run_dir, recorded_abort, resolve_checkpoint, resume_run, save_manifest,
+    save_metrics, save_run_config, save_text, save_weights, seeded_subset,
 )
 from .config import GenerateConfig
 from ..models.diffusion import PREDICTIONS, SCHEDULES, GaussianDiffusion
@@ -280,22 +280,24 @@ def train_generator(cfg: GenerateConfig, log=print) -> dict:
     start, step, history = 0, 0, []
     if cfg.resume:
         start, step, history = _resume(run_dir, model, ema, optimizer, log, lambda e: _meta(cfg, info, img_size, e))
+    clear_aborted(run_dir)
     save_run_config(run_dir, cfg, f"img_size={img_size}")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vitmix generate: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
         f"({len(data[0])} images, {img_size}px) for {plural(cfg.epochs, 'epoch')}, {cfg.schedule} "
         f"{cfg.prediction}-DDPM T={cfg.timesteps}, device={device}; run dir {run_dir}")
     sampler = ema.module if ema is not None else model
-    for epoch in range(start, cfg.epochs):
-        if cfg.max_steps is not None and step >= cfg.max_steps:
-            break
-        metrics, step = _train_epoch(model, ema, optimizer, diffusion, data, cfg, epoch, step, device)
-        metrics["grid_seconds"] = _epoch_grid(sampler, diffusion, cfg, img_size,
-                                              run_dir / "samples" / f"epoch-{epoch + 1:03d}.png")
-        history.append(metrics)
-        _save_epoch(run_dir, model, ema, optimizer, history, step, _meta(cfg, info, img_size, epoch + 1))
-        log(f"epoch {epoch + 1:>3}/{cfg.epochs}: loss {metrics['train_loss']:.4f}, "
-            f"{metrics['images_per_s']:.0f} img/s, samples/epoch-{epoch + 1:03d}.png")
+    with recorded_abort(run_dir):
+        for epoch in range(start, cfg.epochs):
+            if cfg.max_steps is not None and step >= cfg.max_steps:
+                break
+            metrics, step = _train_epoch(model, ema, optimizer, diffusion, data, cfg, epoch, step, device)
+            metrics["grid_seconds"] = _epoch_grid(sampler, diffusion, cfg, img_size,
+                                                  run_dir / "samples" / f"epoch-{epoch + 1:03d}.png")
+            history.append(metrics)
+            _save_epoch(run_dir, model, ema, optimizer, history, step, _meta(cfg, info, img_size, epoch + 1))
+            log(f"epoch {epoch + 1:>3}/{cfg.epochs}: loss {metrics['train_loss']:.4f}, "
+                f"{metrics['images_per_s']:.0f} img/s, samples/epoch-{epoch + 1:03d}.png")
     summary = {"run_dir": str(run_dir), "model": cfg.model, "mixer": cfg.mixer, "data": cfg.data, "params": n_params,
                "img_size": img_size, "epochs_run": len(history), "steps": step,
                "final_train_loss": history[-1]["train_loss"] if history else None,

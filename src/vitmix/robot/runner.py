@@ -26,7 +26,7 @@ import yaml
 
 from ..runs.checkpoints import atomic_write, load_weights, save_text, save_weights
 from ..runs.device import parse_device
-from ..runs.directory import prepare_run_dir
+from ..runs.directory import clear_aborted, prepare_run_dir, recorded_abort
 from ..runs.resume import Resumed, Trainable, resume_run, save_manifest, save_metrics
 from .dataset import HORIZON, N_ACTION, N_OBS, DemoWindows, proprio_stats
 from .policy import ENCODERS, FIBOTTENTION_FORMS, DiffusionPolicy
@@ -141,6 +141,7 @@ def train_policy(cfg: RobotTrainConfig, log: Callable[[str], None] = print) -> P
                                          generator=torch.Generator().manual_seed(cfg.seed))
     parts = Trainable(model, optimizer, ema=ema, loader=loader)
     run_dir.mkdir(parents=True, exist_ok=True)
+    clear_aborted(run_dir)
     demos = len(data.actions)
     if cfg.resume:       # weights newer than the manifest (killed mid-checkpoint) are rewritten from it
         resumed = resume_run(run_dir, parts, log, lambda history: _save_policy(
@@ -157,27 +158,28 @@ def train_policy(cfg: RobotTrainConfig, log: Callable[[str], None] = print) -> P
         f"{cfg.steps} -> {run_dir}")
     model.train()
     losses, start = [], time.perf_counter()
-    for images, proprio, actions in _batches(loader):
-        loss = model.loss(images.to(device), proprio.to(device), actions.to(device))
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"the loss became {loss.item()} at step {step + 1}; lower --lr")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        step += 1
-        ema.update(model, step=step)
-        losses.append(loss.item())
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            elapsed = seconds + time.perf_counter() - start
-            history.append({"step": step, "loss": float(np.mean(losses)), "seconds": round(elapsed, 1)})
-            _save_policy(run_dir, model, ema, _meta(cfg, stats, step, demos))
-            save_metrics(run_dir, history)
-            save_manifest(run_dir, parts, len(history), step, history, CHECKPOINT_FILES)
-            plot_loss(history, run_dir / "curves.png", f"{cfg.task} · {cfg.mixer}")
-            log(f"step {step}/{cfg.steps}: loss {history[-1]['loss']:.4f}, {elapsed:.0f} s")
-            losses = []
-        if step >= cfg.steps:
-            break
+    with recorded_abort(run_dir):
+        for images, proprio, actions in _batches(loader):
+            loss = model.loss(images.to(device), proprio.to(device), actions.to(device))
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"the loss became {loss.item()} at step {step + 1}; lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            ema.update(model, step=step)
+            losses.append(loss.item())
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                elapsed = seconds + time.perf_counter() - start
+                history.append({"step": step, "loss": float(np.mean(losses)), "seconds": round(elapsed, 1)})
+                _save_policy(run_dir, model, ema, _meta(cfg, stats, step, demos))
+                save_metrics(run_dir, history)
+                save_manifest(run_dir, parts, len(history), step, history, CHECKPOINT_FILES)
+                plot_loss(history, run_dir / "curves.png", f"{cfg.task} · {cfg.mixer}")
+                log(f"step {step}/{cfg.steps}: loss {history[-1]['loss']:.4f}, {elapsed:.0f} s")
+                losses = []
+            if step >= cfg.steps:
+                break
     return run_dir
 
 

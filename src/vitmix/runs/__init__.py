@@ -38,6 +38,7 @@ _EXPORTS = {
     "prepare_run_dir": ".directory:prepare_run_dir",
     "read_checkpoint": ".checkpoints:read_checkpoint",
     "read_state_dict": ".checkpoints:read_state_dict",
+    "recorded_abort": ".directory:recorded_abort",
     "remove_stray_temporaries": ".directory:remove_stray_temporaries",
     "resolve_checkpoint": ".checkpoints:resolve_checkpoint",
     "resume_run": ".resume:resume_run",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Optional, Sequence, Type
@@ -117,6 +118,16 @@ def abort_message(run_dir: Path, err: FloatingPointError, is_main: bool = True) 
         return (f"{err}; {run_dir} keeps the checkpoints of its finished epochs, so train the retry into another "
                 "--out")
     return f"{err}; {run_dir} finished no epoch, so the retry may use the same --out"
+
+
+@contextmanager
+def recorded_abort(run_dir: Path, is_main: bool = True):
+    """Around a task's epochs: a non-finite loss (``FloatingPointError``) is recorded in ``run_dir`` and
+    re-raised with what the retry can do (:func:`abort_message`), so every task's retry follows one rule."""
+    try:
+        yield
+    except FloatingPointError as err:
+        raise FloatingPointError(abort_message(run_dir, err, is_main)) from None
 
 
 def remove_stray_temporaries(run_dir: Path) -> int:

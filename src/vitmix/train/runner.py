@@ -306,7 +306,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
         history, step = _epochs(cfg, info, model, r, (train_loader, val_loader, sampler), run_dir,
                                 (start_epoch, step, best_acc, history), lambda m: _meta(cfg, img_size, data_info, m),
                                 log, on_epoch)
-    except FloatingPointError as err:
+    except FloatingPointError as err:      # as runs.recorded_abort, beside the interrupt's own message
         raise FloatingPointError(abort_message(run_dir, err, info.is_main)) from None
     except KeyboardInterrupt:      # the last finished epoch is on disk: say how to go on from it
         raise KeyboardInterrupt(f"continue with `vitmix train --out {run_dir} --resume`") from None
