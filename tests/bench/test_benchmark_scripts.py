@@ -213,7 +213,9 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
     first = json.loads((tmp_path / "out" / "recovery.json").read_text())
     assert [r["entry"] for r in first["rows"]] == ["softmax (teacher)", "laplacian"]
     for row in first["rows"][1:]:
-        assert row["n"] == 1 and all(0 <= row[f"{k}_mean"] <= 100 for k in (*recovery.STAGES, "scratch"))
+        assert row["n"] == 1 and all(0 <= row[f"{k}_mean"] <= 100 for k in (*recovery.STAGES, *recovery.SCRATCH))
+    scratch_student = tmp_path / "runs" / "seed0" / "scratch-student" / "laplacian"    # 1 transfer + 2 fine-tuning
+    assert len((scratch_student / "metrics.jsonl").read_text().splitlines()) == 3
     student = tmp_path / "runs" / "seed0" / "convert" / "laplacian"
     curve = [json.loads(line)["val_acc"] for line in (student / "metrics.jsonl").read_text().splitlines()]
     assert len(curve) == 2 and first["per_seed"]["0"]["mixers"]["laplacian"]["ft_last"] == curve[-1]
@@ -232,6 +234,14 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
     recovery.main(argv)
     again = json.loads((tmp_path / "out" / "recovery.json").read_text())
     assert again["rows"] == first["rows"]
+    recovery.main(argv + ["--no-teacher-budget"])     # finished teacher-budget runs are still read back
+    assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rows"] == first["rows"]
+    scratch = tmp_path / "runs" / "seed0" / "scratch" / "laplacian"
+    scratch.rename(scratch.with_name("moved"))       # ... and a missing one is left out, not trained
+    recovery.main(argv + ["--no-teacher-budget"])
+    assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rows"][1]["scratch_mean"] is None
+    scratch.with_name("moved").rename(scratch)
+    recovery.main(argv)
     recovery.main(argv + ["--report-only"])       # the table from the seed files alone, naming their command
     assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rows"] == first["rows"]
     assert "--seeds 0 --ft-epochs 2" in (tmp_path / "out" / "recovery.md").read_text().split("`, `")[0]
