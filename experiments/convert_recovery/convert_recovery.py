@@ -117,6 +117,7 @@ def run_seed(runs: dict, result: dict, log, done, teacher_budget: bool = True) -
     log(f"teacher: {runs['teacher'].run_dir}")
     result["teacher"] = train_entry(runs["teacher"], log=log, on_epoch=None)["final_val_acc"]
     result["mixers"] = {}
+    done()                                      # the table shows the teacher before the first student is done
     for mixer, student in runs["convert"].items():
         log(f"{mixer}: converted student {student.run_dir}")
         evals = student.run_dir.parent.parent / "evals" / mixer
