@@ -257,17 +257,25 @@ def build_classifier(model: str, num_classes: int, in_chans: int, img_size: int,
 
 
 def _create(model: str, pretrained: bool, kwargs: dict) -> nn.Module:
-    """``create_model``; pretrained weights that cannot be fetched or read are a one-line error."""
+    """``create_model``; pretrained weights that cannot be fetched, or do not fit, are a one-line error."""
     from ..models import create_model
+    from ..models.swap import load_error
 
     if not pretrained:
         return create_model(model, **kwargs)
     try:
         return create_model(model, pretrained=True, **kwargs)
-    except (RuntimeError, OSError) as err:   # timm: no weights for the model; the Hub: offline, not found
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"--pretrained: no pretrained weights of {model} could be loaded ({first}); give a "
-                         "local file of them with --pretrained-path FILE") from None
+    except RuntimeError as err:
+        if "state_dict" in str(err):        # torch's load error: the weights are of another build
+            raise ValueError(f"--pretrained: the pretrained weights of {model} do not fit the model built for this "
+                             f"run: {load_error(err)}; build it as they were saved (--mixer, --model-option), or "
+                             "start from a timm ViT/DeiT, whose weights are converted to --mixer") from None
+        raise ValueError(f"--pretrained: no pretrained weights of {model} ({load_error(err)}); give a local "
+                         "file of them with --pretrained-path FILE") from None
+    except OSError as err:                  # the Hub: offline, or no such file
+        raise ValueError(f"--pretrained: the pretrained weights of {model} could not be fetched "
+                         f"({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}); "
+                         "give a local file of them with --pretrained-path FILE") from None
 
 
 def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module, Dict[str, Any], Path]:

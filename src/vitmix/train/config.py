@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -137,10 +136,6 @@ class TrainConfig(YamlConfig):
     def _check_start_weights(self) -> None:
         if self.pretrained_path and not self.pretrained:
             raise ValueError("--pretrained-path FILE gives the weights of --pretrained: add --pretrained")
-        for flag, path in (("--pretrained-path", self.pretrained_path),
-                           ("--initial-checkpoint", self.initial_checkpoint)):
-            if path and not Path(path).expanduser().exists():
-                raise FileNotFoundError(f"{flag} {path}: no such file")
         if self.init_from and (self.pretrained or self.initial_checkpoint):
             used = "--pretrained" if self.pretrained else "--initial-checkpoint"
             raise ValueError(f"{used} and --init-from both give the starting weights: keep one of them")

@@ -37,8 +37,8 @@ from .init_from import (
 )
 from .plots import plot_curves
 from .timm_recipe import (
-    WandbLog, check_wandb, create_optimizer, create_scheduler, load_initial_checkpoint, resume_schedule,
-    set_grad_checkpointing, step_epoch, train_augment,
+    WandbLog, check_start_files, check_wandb, create_optimizer, create_scheduler, load_initial_checkpoint,
+    resume_schedule, set_grad_checkpointing, step_epoch, train_augment,
 )
 
 
@@ -199,6 +199,7 @@ def check_numbers(cfg: TrainConfig) -> None:
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
     check_wandb(cfg)
+    check_start_files(cfg)
 
 
 def check_video_recipe(cfg: TrainConfig, data_info) -> None:

@@ -9,6 +9,8 @@ recorded epochs (:func:`resume_schedule`).
 from __future__ import annotations
 
 import importlib
+import math
+import warnings
 from pathlib import Path
 from typing import Union
 
@@ -49,13 +51,18 @@ def create_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, lr: flo
     over ``--warmup-epochs`` before the schedule proper. ``cosine`` and ``step`` are stepped per optimizer
     step (``step_update``): every length is given in steps (one "epoch" of the factory = one step), so
     ``--max-steps`` shortens the cosine exactly. ``plateau`` is stepped per epoch on ``--plateau-metric``
-    (``step(epoch, metric)``), as timm steps it."""
+    (``step(epoch, metric)``), as timm steps it, after a warm-up of whole epochs (``--warmup-epochs``
+    rounded up: timm's plateau warm-up reaches the peak lr only at a whole epoch). timm's deprecation
+    warning for it says a resume restarts its state, which :func:`resume_schedule` replays instead, so it
+    is not shown."""
     common = dict(sched=cfg.sched, min_lr=cfg.min_lr, warmup_lr=lr * WARMUP_START, decay_rate=cfg.decay_rate)
     if cfg.sched == "plateau":
-        scheduler, _ = create_scheduler_v2(optimizer, warmup_epochs=cfg.warmup_epochs,
-                                           patience_epochs=cfg.patience_epochs,
-                                           plateau_mode="min" if cfg.plateau_metric == "val_loss" else "max",
-                                           **common)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "PlateauLRScheduler is deprecated", FutureWarning)
+            scheduler, _ = create_scheduler_v2(optimizer, warmup_epochs=math.ceil(cfg.warmup_epochs),
+                                               patience_epochs=cfg.patience_epochs,
+                                               plateau_mode="min" if cfg.plateau_metric == "val_loss" else "max",
+                                               **common)
         return scheduler
     total = steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
@@ -104,6 +111,14 @@ def load_initial_checkpoint(model: nn.Module, path: str) -> None:
     before training, loaded strictly (read with ``weights_only=True`` / safetensors)."""
     file = resolve_checkpoint(Path(path).expanduser())
     load_into(model, read_checkpoint(file)[0], f"--initial-checkpoint {file}")
+
+
+def check_start_files(cfg: TrainConfig) -> None:
+    """A new run's ``--pretrained-path``/``--initial-checkpoint`` must exist (a resumed run has its own
+    weights and needs neither)."""
+    for flag, path in (("--pretrained-path", cfg.pretrained_path), ("--initial-checkpoint", cfg.initial_checkpoint)):
+        if path and not cfg.resume and not Path(path).expanduser().exists():
+            raise FileNotFoundError(f"{flag} {path}: no such file or run directory")
 
 
 def check_wandb(cfg: TrainConfig) -> None:
