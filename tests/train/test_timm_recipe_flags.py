@@ -257,8 +257,8 @@ def test_initial_checkpoint_of_another_architecture_is_one_line(tmp_path):
 
 
 def test_num_classes_and_input_size_set_the_model(tmp_path):
-    cfg = TrainConfig(out=str(tmp_path / "r"), **dict(TINY, img_size=None), input_size=[1, 16, 16], num_classes=12,
-                      epochs=1, max_steps=1, mixup=0.5)
+    cfg = TrainConfig(out=str(tmp_path / "r"), **dict(TINY, img_size=None), input_size=(1, 16, 16),  # as Python has it
+                      num_classes=12, epochs=1, max_steps=1, mixup=0.5)
     train(cfg, log=lambda *a: None)
     weights = load_file(str(tmp_path / "r" / "last.safetensors"))
     assert weights["head.weight"].shape[0] == 12 and weights["patch_embed.proj.weight"].shape[1] == 1
@@ -350,6 +350,8 @@ def test_a_resumed_run_rebuilds_every_recipe_flag_and_ends_identical(tmp_path, s
     lrs = [[json.loads(line)["lr"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
            for run in ("whole", "cut")]
     assert lrs[0] == lrs[1] and len(set(lrs[0])) == (3 if sched == "step" else 2)   # plateau: warm-up, peak
+    if sched == "step":        # metrics' lr is the peak (the head's), not the embeddings' 0.75^3 of it
+        assert lrs[0][-1] == pytest.approx(3e-3 * 0.5 ** 2)     # 2 warm-up steps, then a decay every 4
 
 
 # --- the CLI ----------------------------------------------------------------------------------------------

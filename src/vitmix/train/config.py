@@ -123,7 +123,7 @@ class TrainConfig(YamlConfig):
     def _check_input_size(self) -> None:
         if self.input_size is None:
             return
-        size = self.input_size
+        self.input_size = size = list(self.input_size)     # a tuple from Python: YAML writes lists
         if len(size) != 3 or not all(isinstance(v, int) and v > 0 for v in size):
             raise ValueError(f"--input-size {size} must be three positive integers C H W (e.g. 3 224 224)")
         if size[1] != size[2]:
