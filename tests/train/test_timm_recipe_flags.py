@@ -23,6 +23,7 @@ from vitmix.data.datasets import DatasetInfo, _transforms
 from vitmix.runs import build_classifier
 from vitmix.runs.distributed import key_drop_path
 from vitmix.train import TrainConfig, train
+from vitmix.train.runner import evaluate_checkpoint
 from vitmix.train.timm_recipe import (
     check_wandb, create_optimizer, create_scheduler, resume_schedule, set_grad_checkpointing, step_epoch,
     train_augment,
@@ -266,6 +267,7 @@ def test_num_classes_and_input_size_set_the_model(tmp_path):
     saved = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
     assert saved["input_size"] == [1, 16, 16] and saved["num_classes"] == 12
     assert vitmix.load_model(str(tmp_path / "r")).num_classes == 12
+    assert evaluate_checkpoint(str(tmp_path / "r"))["val_images"] == 360    # 12 outputs for 10 classes
 
 
 @pytest.mark.parametrize("values, message", [

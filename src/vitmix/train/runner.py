@@ -491,7 +491,7 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Option
     data = data or meta.get("data")
     _, val_set, data_info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False,
                                            num_frames=meta.get("num_frames"))
-    if data_info.num_classes != meta["num_classes"] or data_info.in_chans != meta["in_chans"]:
+    if data_info.num_classes > meta["num_classes"] or data_info.in_chans != meta["in_chans"]:   # --num-classes: more
         raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
                          f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
     info = DistInfo(device=next(model.parameters()).device)
