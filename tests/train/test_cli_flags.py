@@ -102,7 +102,7 @@ def test_timm_flags_that_differ_are_refused_with_vitmix_s_flag(argv, names, caps
     ("grad_accum_steps: 2\n", "unknown config key 'grad_accum_steps'. That is timm's name; vitmix's key is "
                               "accum_steps"),
     ("warmup: 2\n", "unknown config key 'warmup'. Did you mean: "),
-    ("learning_rate: 0.1\n", "unknown config key 'learning_rate'. The keys are the flags' names with _ for -"),
+    ("nesterov: true\n", "unknown config key 'nesterov'. The keys are the flags' names with _ for -"),
 ])
 def test_bad_config_values_are_one_line_naming_the_key(yaml_text, expected, tmp_path, capsys):
     """Regression: a value of the wrong type was an 18-30 line TypeError traceback (or, for

@@ -6,9 +6,9 @@
 >>> from vitmix.data import build_datasets
 >>> train, val, info = build_datasets("digits", img_size=32)   # doctest: +SKIP
 """
-from .datasets import DATASETS, DatasetInfo, build_datasets, build_loaders, is_video_dataset, list_datasets
+from .datasets import DATASETS, Augment, DatasetInfo, build_datasets, build_loaders, is_video_dataset, list_datasets
 from .sequences import SequenceInfo, build_sequence_datasets, is_sequence_dataset
 from .video import ClipFolder, MovingFashionMNIST
 
-__all__ = ["DATASETS", "ClipFolder", "DatasetInfo", "MovingFashionMNIST", "SequenceInfo", "build_datasets",
+__all__ = ["DATASETS", "Augment", "ClipFolder", "DatasetInfo", "MovingFashionMNIST", "SequenceInfo", "build_datasets",
            "build_loaders", "build_sequence_datasets", "is_sequence_dataset", "is_video_dataset", "list_datasets"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -53,18 +53,54 @@ class ArrayImageDataset(Dataset):
         return (self.transform(img) if self.transform else img), int(self.labels[i])
 
 
-def _transforms(info: DatasetInfo, img_size: int, augment: bool):
-    """timm transforms; light augmentation for the small grey datasets (no flips: digits are chiral)."""
+@dataclass(frozen=True)
+class Augment:
+    """timm's training augmentation beyond vitmix's random crops and flips, in ``create_transform``'s
+    terms (``vitmix train --aa/--reprob/--remode/--color-jitter``). Pass one as ``augment``;
+    ``augment=True`` is ``Augment()``: crops and flips with the dataset's colour jitter."""
+
+    auto_augment: Optional[str] = None    # e.g. rand-m9-mstd0.5-inc1 (RandAugment)
+    re_prob: float = 0.0                  # random erasing, after normalisation
+    re_mode: str = "pixel"                # its fill: pixel | const | rand
+    color_jitter: Optional[float] = None  # None: 0.4 for colour images above 32 px, else none
+
+
+def _transforms(info: DatasetInfo, img_size: int, augment: Union[bool, Augment]):
+    """timm transforms; light augmentation for the small grey datasets (no flips: digits are chiral).
+    An :class:`Augment` adds timm's policies; on grey images they work on the one channel (colour
+    jitter then changes brightness and contrast only), and timm turns colour jitter off under ``--aa``."""
     size = (info.in_chans, img_size, img_size)
     common = dict(input_size=size, mean=info.mean, std=info.std, interpolation="bilinear", crop_pct=1.0)
     if not augment:
         return create_transform(is_training=False, **common), create_transform(is_training=False, **common)
+    extra = augment if isinstance(augment, Augment) else Augment()
     small = info.native_size <= 32
+    jitter = extra.color_jitter if extra.color_jitter is not None else None if small else 0.4
     train = create_transform(
         is_training=True, scale=(0.8, 1.0) if small else (0.08, 1.0), ratio=(0.9, 1.1) if small else (3 / 4, 4 / 3),
-        hflip=0.0 if info.in_chans == 1 else 0.5, color_jitter=None if small else 0.4, **common,
+        hflip=0.0 if info.in_chans == 1 else 0.5, color_jitter=jitter or None, auto_augment=extra.auto_augment,
+        re_prob=extra.re_prob, re_mode=extra.re_mode, **common,
     )
-    return train, create_transform(is_training=False, **common)
+    return posterize_to_zero_bits(train), create_transform(is_training=False, **common)
+
+
+def posterize_to_zero_bits(transform):
+    """``transform`` with the posterize ops of timm's RandAugment/AutoAugment/AugMix taking 0 bits (an
+    all-black image, as Pillow before 13 gave): timm asks for 0 bits at high magnitudes (DeiT's
+    ``rand-m9-mstd0.5-inc1`` does about once in 300 images) and Pillow 13 refuses them, which stopped a run."""
+    from timm.data import auto_augment
+
+    def posterize(img, bits_to_keep, **kwargs):
+        if bits_to_keep <= 0:
+            return Image.new(img.mode, img.size)
+        return auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+    for step in getattr(transform, "transforms", ()):
+        ops = list(getattr(step, "ops", ())) + [op for sub in getattr(step, "policy", ()) for op in sub]
+        for op in ops:
+            if getattr(op, "aug_fn", None) is auto_augment.posterize:
+                op.aug_fn = posterize
+    return transform
 
 
 # --- digits: scikit-learn's bundled 8×8 digits ----------------------------------------------------------
@@ -257,9 +293,10 @@ def is_video_dataset(name: str) -> bool:
 
 
 def build_datasets(name: str, img_size: int, data_dir: Optional[str] = None, download: bool = False,
-                   augment: bool = True, num_frames: Optional[int] = None):
+                   augment: Union[bool, Augment] = True, num_frames: Optional[int] = None):
     """Return ``(train, val, info)`` for dataset ``name`` resized to ``img_size``×``img_size``; video
-    datasets give clips of ``num_frames`` frames (default :data:`DEFAULT_NUM_FRAMES`)."""
+    datasets give clips of ``num_frames`` frames (default :data:`DEFAULT_NUM_FRAMES`). ``augment``:
+    training augmentation on (``True``, or an :class:`Augment` of timm's policies) or off."""
     key = dataset_key(name)
     if key in SEQUENCE_DATASETS:
         raise ValueError(f"{key} holds 1-D token sequences, not images: use a sequence model (seq_*); "

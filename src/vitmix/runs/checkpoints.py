@@ -229,11 +229,12 @@ def resolve_checkpoint(path, prefer: Sequence[str] = BEST_FIRST) -> Path:
 
 def build_classifier(model: str, num_classes: int, in_chans: int, img_size: int, num_frames: Optional[int] = None,
                      *, mixer: Optional[str] = None, mixer_options: Optional[dict] = None,
-                     model_options: Optional[dict] = None, drop_path: float = 0.0, data: Optional[str] = None
-                     ) -> nn.Module:
+                     model_options: Optional[dict] = None, drop_path: float = 0.0, data: Optional[str] = None,
+                     pretrained: bool = False, pretrained_file: Optional[str] = None) -> nn.Module:
     """The classifier ``model`` (``num_frames``: clip length of video data, ``None`` for images); a
-    model that is no classifier, or video data for an image model (and back), is a one-line ``ValueError``."""
-    from ..models import create_model
+    model that is no classifier, or video data for an image model (and back), is a one-line ``ValueError``.
+    ``pretrained``: with timm's pretrained weights (from ``pretrained_file`` when given, timm's
+    ``pretrained_cfg_overlay=dict(file=...)``), fitted by timm to the classes, channels and size."""
     from ..models.timesformer import is_video_model
 
     kwargs = dict(model_options or {}, num_classes=num_classes, in_chans=in_chans, img_size=img_size)
@@ -245,12 +246,36 @@ def build_classifier(model: str, num_classes: int, in_chans: int, img_size: int,
         kwargs["num_frames"] = num_frames
     if drop_path:
         kwargs["drop_path_rate"] = drop_path
-    net = create_model(model, mixer=mixer, mixer_options=mixer_options or None, **kwargs)
+    if pretrained_file:
+        kwargs["pretrained_cfg_overlay"] = dict(file=str(Path(pretrained_file).expanduser()))
+    net = _create(model, pretrained, dict(mixer=mixer, mixer_options=mixer_options or None, **kwargs))
     task = getattr(net, "task", "classification")
     if task != "classification":      # before the run directory exists: nothing is left behind
         raise ValueError(f"{model} is a {task} model, not a classifier; train it with "
                          f"`vitmix generate train --model {model}`")
     return net
+
+
+def _create(model: str, pretrained: bool, kwargs: dict) -> nn.Module:
+    """``create_model``; pretrained weights that cannot be fetched, or do not fit, are a one-line error."""
+    from ..models import create_model
+    from ..models.swap import load_error
+
+    if not pretrained:
+        return create_model(model, **kwargs)
+    try:
+        return create_model(model, pretrained=True, **kwargs)
+    except RuntimeError as err:
+        if "state_dict" in str(err):        # torch's load error: the weights are of another build
+            raise ValueError(f"--pretrained: the pretrained weights of {model} do not fit the model built for this "
+                             f"run: {load_error(err)}; build it as they were saved (--mixer, --model-option), or "
+                             "start from a timm ViT/DeiT, whose weights are converted to --mixer") from None
+        raise ValueError(f"--pretrained: no pretrained weights of {model} ({load_error(err)}); give a local "
+                         "file of them with --pretrained-path FILE") from None
+    except OSError as err:                  # the Hub: offline, or no such file
+        raise ValueError(f"--pretrained: the pretrained weights of {model} could not be fetched "
+                         f"({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}); "
+                         "give a local file of them with --pretrained-path FILE") from None
 
 
 def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module, Dict[str, Any], Path]:

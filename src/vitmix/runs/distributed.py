@@ -63,22 +63,28 @@ def cleanup(info: DistInfo) -> None:
 class SampleKeys:
     """Which images the current micro-batch holds (``(seed, epoch, indices)``) and how many drop-path
     calls its forward pass has made: drop-path call ``k`` keeps image ``i`` iff
-    ``sample_uniform(seed, epoch, 1 + k, i) < keep_prob``, whatever the rank or batch position."""
+    ``sample_uniform(seed, epoch, 1 + k, i) < keep_prob``, whatever the rank or batch position.
 
-    def __init__(self, seed: int):
-        self.seed, self.epoch, self.indices, self.calls = seed, 0, None, 0
+    ``by_module``: key each call by its module's number instead (the ``k``-th drop-path module in the
+    model), for gradient checkpointing, whose backward pass runs a block's forward again and must
+    draw the same masks; for a model that calls its drop-path modules once each, in order (timm's ViT),
+    both keys are the same."""
+
+    def __init__(self, seed: int, by_module: bool = False):
+        self.seed, self.epoch, self.indices, self.calls, self.by_module = seed, 0, None, 0, by_module
 
     def start(self, epoch: int, indices) -> None:
         """Called before each micro-batch's forward with the sample indices of its rows."""
         self.epoch, self.indices, self.calls = epoch, np.asarray(indices, dtype=np.int64), 0
 
     @torch.compiler.disable        # host-side NumPy hashing: kept out of torch.compile's graphs
-    def keep_mask(self, x: torch.Tensor, keep_prob: float, scale: bool) -> torch.Tensor:
+    def keep_mask(self, x: torch.Tensor, keep_prob: float, scale: bool, module: int = 0) -> torch.Tensor:
         if len(self.indices) != x.shape[0]:
             raise RuntimeError(f"drop path got a batch of {x.shape[0]} rows for {len(self.indices)} sample "
                                "indices; a model that folds other axes into the batch axis cannot key drop path")
         self.calls += 1
-        keep = sample_uniform(self.seed, self.epoch, self.calls, self.indices) < keep_prob
+        call = module if self.by_module else self.calls
+        keep = sample_uniform(self.seed, self.epoch, call, self.indices) < keep_prob
         mask = torch.from_numpy(keep).to(device=x.device, dtype=x.dtype)
         if keep_prob > 0.0 and scale:
             mask = mask / keep_prob
@@ -90,25 +96,26 @@ class KeyedDropPath(DropPath):
     them from the global RNG over the local batch, so they depend on the rank and the batch split).
     Without sample indices (a loader that gives none) it draws as timm does; in eval it is the identity."""
 
-    def __init__(self, drop_prob: float, scale_by_keep: bool, keys: SampleKeys):
+    def __init__(self, drop_prob: float, scale_by_keep: bool, keys: SampleKeys, number: int = 0):
         super().__init__(drop_prob, scale_by_keep)
-        self.keys = keys
+        self.keys, self.number = keys, number     # number: 1 + its place among the model's drop paths
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.drop_prob == 0.0 or not self.training or self.keys.indices is None:
             return super().forward(x)
-        return x * self.keys.keep_mask(x, 1.0 - self.drop_prob, self.scale_by_keep)
+        return x * self.keys.keep_mask(x, 1.0 - self.drop_prob, self.scale_by_keep, self.number)
 
 
-def key_drop_path(model: nn.Module, seed: int) -> Optional[SampleKeys]:
+def key_drop_path(model: nn.Module, seed: int, by_module: bool = False) -> Optional[SampleKeys]:
     """Replace every timm ``DropPath`` in ``model`` by a :class:`KeyedDropPath` sharing one
     :class:`SampleKeys` (returned; ``None`` when the model has no drop path). DropPath holds no
-    weights, so state dicts and eval outputs are unchanged."""
-    keys = SampleKeys(seed)
-    found = False
+    weights, so state dicts and eval outputs are unchanged. ``by_module``: see :class:`SampleKeys`
+    (for gradient checkpointing)."""
+    keys = SampleKeys(seed, by_module)
+    found = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, DropPath) and not isinstance(child, KeyedDropPath):
-                setattr(parent, name, KeyedDropPath(child.drop_prob, child.scale_by_keep, keys))
-                found = True
+                found += 1
+                setattr(parent, name, KeyedDropPath(child.drop_prob, child.scale_by_keep, keys, found))
     return keys if found else None

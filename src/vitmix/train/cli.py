@@ -36,8 +36,9 @@ _HELP = {
     "resume": "continue the run in --out from its last checkpoint",
     "device": "cpu | cuda | cuda:N (default: cuda if available)",
     "clip_grad": "gradient-norm clip (0 = off)",
-    "init_from": "start from this trained vitmix run directory or checkpoint (.safetensors/.pt), its attention "
-                 "converted to --mixer (docs/convert.md); the file is only read",
+    "init_from": "start from this trained model, its attention converted to --mixer (docs/convert.md): a vitmix "
+                 "run directory or checkpoint (.safetensors/.pt), a timm model's weights file (with --model "
+                 "NAME, e.g. deit_tiny_patch16_224), or a timm id hf-hub:ORG/NAME or local-dir:DIR; only read",
     "transfer_epochs": "with --init-from: epochs of attention transfer (each mixer learns its teacher layer's "
                        "output) before fine-tuning",
     "transfer_lr": "learning rate of the attention-transfer stage",
@@ -47,6 +48,31 @@ _HELP = {
     "train_subset": "train on a fixed random subset of this many images (seeded by --seed; validation stays whole)",
     "val_subset": "validate on a fixed random subset of this many images, the same for every seed and run (quick "
                   "runs; default: the whole validation split)",
+    "aa": "timm auto-augment policy for training images, e.g. rand-m9-mstd0.5-inc1 (RandAugment), augmix-m5-w4-d2, "
+          "original (default: none)",
+    "reprob": "random-erasing probability (timm RandomErasing, after normalisation)",
+    "remode": "random-erasing fill: pixel (per-pixel noise) | const (zeros) | rand (per-channel noise)",
+    "color_jitter": "colour-jitter strength (default: 0.4 for colour images above 32 px, off for small ones; timm "
+                    "turns it off under --aa)",
+    "sched": "lr schedule after the warm-up, timm's scheduler factory: cosine (to --min-lr) | step (x --decay-rate "
+             "every --decay-epochs) | plateau (x --decay-rate after --patience-epochs without a better "
+             "--plateau-metric)",
+    "decay_epochs": "--sched step: epochs between decays",
+    "decay_rate": "--sched step/plateau: the lr decay factor",
+    "patience_epochs": "--sched plateau: epochs without improvement before a decay",
+    "plateau_metric": "--sched plateau: the validation metric it watches, val_acc | val_loss",
+    "layer_decay": "layer-wise lr decay (timm's param_groups_layer_decay): layer i of L gets lr x F^(L-i), e.g. 0.75 "
+                   "(default: off)",
+    "grad_checkpointing": "recompute each block's activations in the backward pass (less memory, more compute)",
+    "pretrained": "start from the model's timm pretrained weights (fitted to the data's classes, channels and "
+                  "size; converted to --mixer)",
+    "pretrained_path": "with --pretrained: a local file of those weights (timm's --pretrained-path; offline use; "
+                       "default: none)",
+    "initial_checkpoint": "load the model's weights from this file or run before training (strict; not on "
+                          "--resume; default: none)",
+    "num_classes": "classifier outputs (default: the dataset's classes; never fewer)",
+    "log_wandb": "also log each epoch's metrics to Weights & Biases (pip install wandb)",
+    "wandb_project": "the W&B project of --log-wandb (default: vitmix)",
 }
 
 
@@ -82,7 +108,7 @@ def add_parser(sub) -> None:
 
 
 #: fields whose default (``None``) does not tell the flag's type
-_INT = ("img_size", "num_frames", "max_steps", "train_subset", "val_subset", "lr_base_batch")
+_INT = ("img_size", "num_frames", "max_steps", "train_subset", "val_subset", "lr_base_batch", "num_classes")
 
 
 def add_config_flags(p: argparse.ArgumentParser, exclude=()) -> None:
@@ -90,8 +116,9 @@ def add_config_flags(p: argparse.ArgumentParser, exclude=()) -> None:
     repeatable ``-M``/``--model-option`` KEY=VALUE options; read back with :func:`config_from_args`."""
     p.add_argument("--config", "-c", help="YAML file of config values, or the name of a shipped recipe (digits, "
                                           "fashion-mnist, ...); flags given on the command line override it")
-    flags.add_field_flags(p, TrainConfig, _HELP, ints=_INT, floats=("clip_grad", "ema_decay"), exclude=exclude,
-                          aliases=TIMM_ALIASES)
+    flags.add_field_flags(p, TrainConfig, _HELP, ints=_INT, floats=("clip_grad", "ema_decay", "color_jitter",
+                                                                      "layer_decay"),
+                          exclude=(*exclude, "input_size"), aliases=TIMM_ALIASES)
     add_timm_flags(p, exclude)
 
 
@@ -162,6 +189,9 @@ def add_timm_flags(p: argparse.ArgumentParser, exclude=()) -> None:
                           help=f"keep an EMA of the weights: --ema-decay {TIMM_EMA_DECAY} unless a decay is given")
     timm.add_argument("--model-kwargs", dest="model_option", nargs="+", action="extend", metavar="KEY=VALUE",
                       help="--model-option KEY=VALUE, several at once")
+    if "input_size" not in exclude:
+        timm.add_argument("--input-size", nargs=3, type=int, metavar=("C", "H", "W"),
+                          help="the input's channels and size: the data's channels, --img-size H (square: H = W)")
     for flag, hint in TIMM_DIFFERENT.items():
         p.add_argument(flag, action=_Refused, hint=hint)
 

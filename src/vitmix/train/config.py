@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from ..runs.flags import (  # noqa: F401  (re-exported: the config helpers' older home)
     TIMM_KEYS, YamlConfig, checked_value, load_yaml, parse_key_values,
@@ -59,6 +59,25 @@ class TrainConfig(YamlConfig):
     distill: bool = False                # add logit distillation from the init_from teacher
     distill_weight: float = 0.5          # w in (1 - w) * task loss + w * T^2 * KL (DeiT's soft distillation)
     distill_temperature: float = 1.0     # T (DeiT's default)
+    # timm train.py's recipe flags, with timm's meaning (README "timm's recipe flags")
+    aa: Optional[str] = None             # auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (RandAugment)
+    reprob: float = 0.0                  # random-erasing probability
+    remode: str = "pixel"                # random-erasing fill: pixel | const | rand
+    color_jitter: Optional[float] = None  # None: the dataset's default (0.4 for colour images above 32 px, else off)
+    sched: str = "cosine"                # cosine | step | plateau (timm's scheduler factory)
+    decay_epochs: float = 90.0           # step: multiply the lr by decay_rate every this many epochs
+    decay_rate: float = 0.1              # step and plateau: the decay factor
+    patience_epochs: int = 10            # plateau: epochs without improvement before a decay
+    plateau_metric: str = "val_acc"      # plateau: the metric it watches, val_acc (max) or val_loss (min)
+    layer_decay: Optional[float] = None  # layer-wise lr decay (timm's param_groups_layer_decay)
+    grad_checkpointing: bool = False     # recompute activations in the backward pass (timm's set_grad_checkpointing)
+    pretrained: bool = False             # start from the model's timm pretrained weights
+    pretrained_path: Optional[str] = None  # with pretrained: a local file as those weights (timm's --pretrained-path)
+    initial_checkpoint: Optional[str] = None  # load these model weights before training (timm's meaning)
+    num_classes: Optional[int] = None    # the model's classes (None: the dataset's); at least the dataset's
+    input_size: Optional[List[int]] = None  # [C, H, W] (timm's): the data's channels and img_size
+    log_wandb: bool = False              # also log the epoch metrics to Weights & Biases
+    wandb_project: Optional[str] = None  # the W&B project (None: vitmix)
 
     def check_values(self) -> None:
         """A number out of range is a one-line ``ValueError`` naming the flag, before any work
@@ -79,6 +98,47 @@ class TrainConfig(YamlConfig):
                              "down to --min-lr; lower --min-lr")
         _check_optimizer(self.opt)
         self._check_init_from()
+        self._check_timm_recipe()
+
+    def _check_timm_recipe(self) -> None:
+        """The timm recipe flags: ranges, names, and combinations that cannot work."""
+        _check("reprob", self.reprob, lambda v: 0 <= v <= 1, "in [0, 1]")
+        _check("color_jitter", self.color_jitter, lambda v: v >= 0, ">= 0")
+        _check("decay_epochs", self.decay_epochs, lambda v: v > 0, "> 0")
+        _check("decay_rate", self.decay_rate, lambda v: 0 < v <= 1, "in (0, 1]")
+        _check("patience_epochs", self.patience_epochs, lambda v: v >= 0, "an integer >= 0")
+        _check("layer_decay", self.layer_decay, lambda v: 0 < v <= 1, "in (0, 1] (e.g. 0.75)")
+        _check("num_classes", self.num_classes, lambda v: v > 0, "a positive integer")
+        for name, value, known in (("sched", self.sched, SCHEDULES), ("remode", self.remode, ERASE_MODES),
+                                   ("plateau_metric", self.plateau_metric, PLATEAU_METRICS)):
+            _check_choice(name, value, known)
+        if self.aa:
+            _check_auto_augment(self.aa)
+        if not self.augment and (self.aa or self.reprob or self.color_jitter):
+            used = "--aa" if self.aa else "--reprob" if self.reprob else "--color-jitter"
+            raise ValueError(f"{used} is training augmentation, which --no-augment turns off: drop one of them")
+        self._check_input_size()
+        self._check_start_weights()
+
+    def _check_input_size(self) -> None:
+        if self.input_size is None:
+            return
+        self.input_size = size = list(self.input_size)     # a tuple from Python: YAML writes lists
+        if len(size) != 3 or not all(isinstance(v, int) and v > 0 for v in size):
+            raise ValueError(f"--input-size {size} must be three positive integers C H W (e.g. 3 224 224)")
+        if size[1] != size[2]:
+            raise ValueError(f"--input-size {' '.join(map(str, size))}: vitmix trains on square images; "
+                             f"use --input-size {size[0]} {size[1]} {size[1]}")
+        if self.img_size is not None and self.img_size != size[1]:
+            raise ValueError(f"--img-size {self.img_size} differs from --input-size {' '.join(map(str, size))}: "
+                             "give one of them")
+
+    def _check_start_weights(self) -> None:
+        if self.pretrained_path and not self.pretrained:
+            raise ValueError("--pretrained-path FILE gives the weights of --pretrained: add --pretrained")
+        if self.init_from and (self.pretrained or self.initial_checkpoint):
+            used = "--pretrained" if self.pretrained else "--initial-checkpoint"
+            raise ValueError(f"{used} and --init-from both give the starting weights: keep one of them")
 
     def _check_init_from(self) -> None:
         _check("transfer_epochs", self.transfer_epochs, lambda v: v >= 0, "an integer >= 0")
@@ -97,6 +157,34 @@ def _check(name: str, value, ok, expected: str) -> None:
     if value is not None and not (ok(value) and math.isfinite(value)):
         finite = "" if math.isfinite(value) else "a finite number, "
         raise ValueError(f"--{name.replace('_', '-')} {value} must be {finite}{expected}")
+
+
+#: the choices of --sched, --remode and --plateau-metric
+SCHEDULES = ("cosine", "step", "plateau")
+ERASE_MODES = ("pixel", "const", "rand")
+PLATEAU_METRICS = ("val_acc", "val_loss")
+
+
+def _check_choice(name: str, value: str, known) -> None:
+    from .._util import close_matches
+
+    if value not in known:
+        raise ValueError(f"--{name.replace('_', '-')} {value!r} is not one of {', '.join(known)}."
+                         + close_matches(value, known))
+
+
+def _check_auto_augment(policy: str) -> None:
+    """``--aa`` checked by building timm's training transform with it, before any work: timm's own
+    errors for a malformed policy (``invalid literal for int()``, a bare ``AssertionError``) name
+    neither the flag nor the form."""
+    from timm.data import create_transform
+
+    try:
+        create_transform(32, is_training=True, auto_augment=policy)
+    except Exception as err:  # noqa: BLE001 - timm's parsers raise ValueError, KeyError or AssertionError
+        raise ValueError(f"--aa {policy!r} is not a timm auto-augment policy ({type(err).__name__}: "
+                         f"{str(err) or 'rejected'}); write e.g. rand-m9-mstd0.5-inc1 (RandAugment), "
+                         "augmix-m5-w4-d2 (AugMix) or original (AutoAugment)") from None
 
 
 def _check_optimizer(opt: str) -> None:

@@ -120,7 +120,7 @@ def train_one_epoch(model: nn.Module, loader, r: Recipe, *, epoch: int, epochs: 
         "train_acc": None if r.mixup_fn is not None else 100 * correct / max(seen, 1),
         "images_per_s": seen / max(elapsed, 1e-9),
         "epoch_seconds": elapsed,
-        "lr": r.optimizer.param_groups[0]["lr"],
+        "lr": max(group["lr"] for group in r.optimizer.param_groups),   # the peak: --layer-decay scales the rest
     }
     return metrics, step
 

@@ -175,7 +175,7 @@ def evaluate_checkpoint_corruptions(checkpoint, *, data: Optional[str] = None, d
                          "frames): evaluate it without --corruptions")
     data = data or meta.get("data")
     _, val_set, info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False)
-    if (info.num_classes, info.in_chans) != (meta["num_classes"], meta["in_chans"]):
+    if info.num_classes > meta["num_classes"] or info.in_chans != meta["in_chans"]:   # --num-classes: more
         raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
                          f"but {data} has {info.num_classes} / {info.in_chans}")
     result = evaluate_corruptions(model, val_set, corruptions=names, severities=sevs, **options)

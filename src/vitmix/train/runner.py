@@ -15,8 +15,6 @@ import numpy as np
 import torch
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2
-from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 
@@ -38,6 +36,10 @@ from .init_from import (
     transfer_stage,
 )
 from .plots import plot_curves
+from .timm_recipe import (
+    WandbLog, check_start_files, check_wandb, create_optimizer, create_scheduler, load_initial_checkpoint,
+    resume_schedule, set_grad_checkpointing, step_epoch, train_augment,
+)
 
 
 #: What ``--resume`` may change: where the run executes, how it loads data, and a longer schedule
@@ -79,11 +81,13 @@ def default_img_size(model_name: str) -> int:
 
 
 def build_model(cfg: TrainConfig, num_classes: int, in_chans: int, img_size: int,
-                num_frames: Optional[int] = None) -> nn.Module:
-    """The classifier of ``cfg``; ``num_frames``: clip length of video data (``None`` for images)."""
+                num_frames: Optional[int] = None, pretrained: bool = False) -> nn.Module:
+    """The classifier of ``cfg``; ``num_frames``: clip length of video data (``None`` for images);
+    ``pretrained``: with ``cfg``'s pretrained weights (``--pretrained``, ``--pretrained-path``)."""
     return build_classifier(cfg.model, num_classes, in_chans, img_size, num_frames, mixer=cfg.mixer,
                             mixer_options=cfg.mixer_options, model_options=cfg.model_options,
-                            drop_path=cfg.drop_path, data=cfg.data)
+                            drop_path=cfg.drop_path, data=cfg.data, pretrained=pretrained,
+                            pretrained_file=cfg.pretrained_path if pretrained else None)
 
 
 def _subset(train_set, size: Optional[int], seed: int):
@@ -135,15 +139,10 @@ def _summary_table(history, rate_unit: str = "img/s") -> str:
 
 def build_recipe(cfg: TrainConfig, model: nn.Module, lr: float, steps_per_epoch: int, num_classes: int,
                  device: torch.device) -> Recipe:
-    """Optimizer, cosine schedule (in optimizer steps), loss, mixup, EMA and grad scaler from ``cfg``
-    (all timm/torch pieces)."""
-    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay)
-    total_steps = steps_per_epoch * cfg.epochs
-    if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.max_steps)
-    scheduler = CosineLRScheduler(optimizer, t_initial=max(total_steps, 1), lr_min=cfg.min_lr,
-                                  warmup_t=int(cfg.warmup_epochs * steps_per_epoch), warmup_lr_init=lr * 0.01,
-                                  warmup_prefix=True, t_in_epochs=False)
+    """Optimizer (with ``--layer-decay``'s groups), lr schedule (``--sched``), loss, mixup, EMA and grad
+    scaler from ``cfg`` (all timm/torch pieces, see :mod:`.timm_recipe`)."""
+    optimizer = create_optimizer(cfg, model, lr)
+    scheduler = create_scheduler(cfg, optimizer, lr, steps_per_epoch)
     mixup_fn = None
     if cfg.mixup > 0 or cfg.cutmix > 0:
         mixup_fn = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.smoothing,
@@ -199,15 +198,34 @@ def check_numbers(cfg: TrainConfig) -> None:
         raise ValueError(f"--amp-dtype {cfg.amp_dtype!r}: choose {' or '.join(AMP_DTYPES)}")
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
+    check_wandb(cfg)
+    check_start_files(cfg)
 
 
 def check_video_recipe(cfg: TrainConfig, data_info) -> None:
     """Image-only recipe flags on clips ``(B, C, T, H, W)`` are a one-line ``ValueError``."""
     if data_info.num_frames is None:
         return
-    for flag, on in (("--channels-last", cfg.channels_last), ("--cutmix", cfg.cutmix > 0)):
+    for flag, on in (("--channels-last", cfg.channels_last), ("--cutmix", cfg.cutmix > 0), ("--aa", cfg.aa),
+                     ("--reprob", cfg.reprob > 0), ("--color-jitter", cfg.color_jitter)):
         if on:
             raise ValueError(f"{flag} works on images (B, C, H, W); {data_info.name} gives clips (B, C, T, H, W)")
+
+
+def model_data(cfg: TrainConfig, data_info):
+    """``data_info`` as the model sees it: ``--num-classes`` (timm's: the classifier's outputs, which must
+    hold every label of the data) and ``--input-size``'s channels (the data's, checked)."""
+    if cfg.input_size and cfg.input_size[0] != data_info.in_chans:
+        raise ValueError(f"--input-size {' '.join(map(str, cfg.input_size))}: --data {cfg.data} has "
+                         f"{plural(data_info.in_chans, 'channel')}; use --input-size {data_info.in_chans} "
+                         f"{cfg.input_size[1]} {cfg.input_size[2]}")
+    if cfg.num_classes is None or cfg.num_classes == data_info.num_classes:
+        return data_info
+    if cfg.num_classes < data_info.num_classes:
+        raise ValueError(f"--num-classes {cfg.num_classes} is below the {data_info.num_classes} classes of --data "
+                         f"{cfg.data} (labels up to {data_info.num_classes - 1}); use --num-classes "
+                         f"{data_info.num_classes} or drop the flag")
+    return dataclasses.replace(data_info, num_classes=cfg.num_classes)
 
 
 def prepare_run_dir(cfg: TrainConfig) -> Path:
@@ -252,19 +270,24 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     if source is not None and cfg.resume:
         check_unchanged(run_dir, source)
     seed_everything(cfg.seed, info.rank)
-    img_size = cfg.img_size or default_img_size(cfg.model)
-    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, cfg.augment,
+    img_size = cfg.input_size[-1] if cfg.input_size else cfg.img_size or default_img_size(cfg.model)
+    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, train_augment(cfg),
                                                    num_frames=cfg.num_frames)
     check_video_recipe(cfg, data_info)
+    data_info = model_data(cfg, data_info)
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
     val_set = val_subset(val_set, cfg.val_subset)
-    model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size,
-                        data_info.num_frames).to(info.device)
+    model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size, data_info.num_frames,
+                        pretrained=cfg.pretrained and not cfg.resume).to(info.device)   # resumed: its own weights
+    if cfg.initial_checkpoint and not cfg.resume:
+        load_initial_checkpoint(model, cfg.initial_checkpoint)
+    if cfg.grad_checkpointing:
+        set_grad_checkpointing(model, cfg.model)
     teacher = None
     if source is not None:
         teacher = load_teacher(source, cfg, data_info, img_size, info.device)
         load_converted(model, teacher, cfg)
-    sample_keys = key_drop_path(model, cfg.seed)
+    sample_keys = key_drop_path(model, cfg.seed, by_module=cfg.grad_checkpointing)
     train_loader, val_loader, sampler = world_loaders(train_set, val_set, cfg, info)
     global_batch = cfg.batch_size * info.world_size * cfg.accum_steps
     lr = cfg.lr * global_batch / cfg.lr_base_batch if cfg.lr_base_batch else cfg.lr
@@ -279,7 +302,7 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
                                                        lambda metrics: _meta(cfg, img_size, data_info, metrics))
         if cfg.epochs < start_epoch:
             raise ValueError(f"--epochs {cfg.epochs} is below the {start_epoch} epochs {run_dir} has already run")
-        r.scheduler.step_update(num_updates=step)
+        resume_schedule(r.scheduler, history, step, cfg)
 
     if cfg.compile:
         model = CompiledWithFallback(model)
@@ -338,15 +361,19 @@ def _epochs(cfg, info, model, r, loaders, run_dir, start, meta_for, log, on_epoc
     train_loader, val_loader, sampler = loaders
     start_epoch, step, best_acc, history = start
     board = tensorboard_writer(run_dir) if cfg.tensorboard and info.is_main else None
+    wandb = WandbLog(cfg, run_dir) if cfg.log_wandb and info.is_main else None
     for epoch in range(start_epoch, cfg.epochs):
         if cfg.max_steps is not None and step >= cfg.max_steps:
             break                                          # a resumed run already at its step limit
         sampler.set_epoch(epoch)
         metrics, step = train_one_epoch(model, train_loader, r, epoch=epoch, epochs=cfg.epochs, info=info, step=step)
         metrics.update(_validate(model, r, val_loader, info, cfg), epoch=epoch + 1)
+        step_epoch(r.scheduler, epoch + 1, metrics, cfg)        # --sched plateau: its decision for the next epoch
         history.append(metrics)
         if board is not None:
             _log_board(board, metrics, epoch + 1)
+        if wandb is not None:
+            wandb.log(metrics, epoch + 1)
         if info.is_main:
             _save_epoch(run_dir, model, r, train_loader, history, step, best_acc, meta_for(metrics))
         best_acc = max(best_acc, metrics["val_acc"])
@@ -361,6 +388,8 @@ def _epochs(cfg, info, model, r, loaders, run_dir, start, meta_for, log, on_epoc
             break
     if board is not None:
         board.close()
+    if wandb is not None:
+        wandb.close()
     return history, step
 
 
@@ -462,7 +491,7 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Option
     data = data or meta.get("data")
     _, val_set, data_info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False,
                                            num_frames=meta.get("num_frames"))
-    if data_info.num_classes != meta["num_classes"] or data_info.in_chans != meta["in_chans"]:
+    if data_info.num_classes > meta["num_classes"] or data_info.in_chans != meta["in_chans"]:   # --num-classes: more
         raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
                          f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
     info = DistInfo(device=next(model.parameters()).device)
