@@ -40,6 +40,7 @@ _EXPORTS = {
     "read_state_dict": ".checkpoints:read_state_dict",
     "remove_stray_temporaries": ".directory:remove_stray_temporaries",
     "resolve_checkpoint": ".checkpoints:resolve_checkpoint",
+    "resolve_ema": ".checkpoints:resolve_ema",
     "resume_run": ".resume:resume_run",
     "resuming_line": ".resume:resuming_line",
     "rng_state": ".resume:rng_state",

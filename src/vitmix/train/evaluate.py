@@ -1,0 +1,494 @@
+"""``vitmix eval`` of a classifier, as timm's ``validate.py``: a vitmix run (or checkpoint), or
+``--model NAME`` with ``--pretrained`` or ``--checkpoint FILE``, measured on a validation split that is
+preprocessed from the model's data config (``timm.data.resolve_data_config`` and
+``create_transform``: interpolation, crop_pct, mean/std, channels; timm's flags override it) and
+reported with timm's result keys. A run's model carries its run's data config (``runs.run_data_config``),
+so a run is preprocessed as it was validated while training. Dense checkpoints have their own
+evaluator (``runs/tasks.py``); ``--corruptions`` goes to :mod:`.robustness`.
+
+The parser is built without torch (``vitmix --help`` stays fast): everything heavy is imported inside
+the functions."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from functools import partial
+from pathlib import Path
+from typing import Optional, Sequence
+
+#: timm ``validate.py``'s result keys, in its order; ``vitmix eval`` adds :data:`VITMIX_KEYS`
+TIMM_KEYS = ("model", "top1", "top1_err", "top5", "top5_err", "param_count", "img_size", "crop_pct", "interpolation")
+VITMIX_KEYS = ("mixer", "data", "images", "loss", "checkpoint")
+#: the preprocessing flags (timm's names), over the model's data config
+PREPROCESSING = ("img_size", "input_size", "crop_pct", "crop_mode", "interpolation", "mean", "std")
+#: the flags that build a model by name instead of reading a run's checkpoint
+MODEL_FLAGS = ("pretrained", "mixer", "num_classes")
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "box", "hamming", "lanczos")
+CROP_MODES = ("center", "squash", "border")
+#: where timm's validate.py finds the validation images of an image folder (else the folder itself)
+VAL_SPLITS = ("val", "validation")
+#: prefixes of timm model ids that name a saved model (a folder, a Hub repository), not an architecture
+HUB_PREFIXES = ("hf-hub:", "local-dir:")
+
+_CORRUPTION_FLAGS = ("severities", "seed", "out")
+
+
+def add_parser(sub) -> None:
+    """The ``vitmix eval`` sub-parser (timm ``validate.py``'s flag names where they mean the same)."""
+    e = sub.add_parser(
+        "eval", help="evaluate a run, a checkpoint or a timm/vitmix model on a validation split (timm's validate.py)",
+        description="Evaluate a classifier on a validation split, preprocessed from the model's data config "
+                    "(timm's resolve_data_config; --img-size, --crop-pct, ... override it), with timm "
+                    "validate.py's result keys (top1, top5, param_count, ...): a vitmix run directory or "
+                    "checkpoint, or --model NAME with --pretrained or --checkpoint FILE. With --corruptions, "
+                    "also under image corruptions (ImageNet-C family), written to corruptions.md/.csv/.json/.png. "
+                    "A dense (segmentation/detection) run is evaluated by its task's metrics.")
+    e.add_argument("checkpoint_path", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="a run directory (its best.safetensors) or a .safetensors checkpoint")
+    e.add_argument("--checkpoint", help="the same, as a flag; with --model: that model's weights (a run, a vitmix "
+                                        "or timm checkpoint, or a torch state dict)")
+    e.add_argument("--model", "-m", metavar="NAME",
+                   help="build this model (see `vitmix models`; also timm's hf-hub:REPO and local-dir:DIR) instead "
+                        "of a run's, with the weights of --pretrained or --checkpoint")
+    e.add_argument("--pretrained", action="store_true", help="with --model: timm's pretrained weights of it")
+    e.add_argument("--mixer", help="with --model: replace its attention by this mixer (pretrained softmax weights "
+                                   "are converted, see docs/convert.md)")
+    e.add_argument("--num-classes", type=int, metavar="N",
+                   help="with --model: its classifier's classes (default: the checkpoint's, else the data's; "
+                        "with --pretrained, the pretrained head's)")
+    e.add_argument("--use-ema", action="store_true",
+                   help="evaluate the EMA weights: a run's ema.safetensors, a timm checkpoint's state_dict_ema")
+    e.add_argument("--data", help="dataset (default: the one the run was trained on; with --model and --data-dir: "
+                                  "imagefolder)")
+    e.add_argument("--data-dir", help="the dataset's folder (default: the run's); for imagefolder, as in timm's "
+                                      "validate.py: DIR/val/<class>/* (or validation/), else DIR/<class>/*")
+    e.add_argument("--batch-size", "-b", type=int, default=128)
+    e.add_argument("--workers", "-j", type=int, default=0, help="data-loading processes (default: 0, in-process)")
+    e.add_argument("--device")
+    e.add_argument("--amp", action="store_true", help="bf16 autocast")
+    pre = e.add_argument_group("preprocessing", "override the model's data config (timm validate.py's flags)")
+    pre.add_argument("--img-size", type=int, metavar="S", help="input size S×S")
+    pre.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"), help="channels and size")
+    pre.add_argument("--crop-pct", type=float, metavar="F", help="resize to size / F, then centre-crop the size")
+    pre.add_argument("--crop-mode", choices=CROP_MODES)
+    pre.add_argument("--interpolation", choices=INTERPOLATIONS)
+    pre.add_argument("--mean", type=float, nargs="+", metavar="M", help="one value, or one per channel")
+    pre.add_argument("--std", type=float, nargs="+", metavar="S", help="one value, or one per channel")
+    e.add_argument("--results-file", metavar="PATH", help="also write the result to PATH (as timm's validate.py)")
+    e.add_argument("--results-format", choices=("csv", "json"),
+                   help="format of --results-file (default: json for a .json file, else csv, timm's default)")
+    e.add_argument("--corruptions", metavar="all|NAME,NAME",
+                   help="also evaluate under these corruptions (names and parameters: docs/robustness.md)")
+    e.add_argument("--severities", metavar="1,2,3", help="corruption severities, 1..5 (default: 1,2,3,4,5)")
+    e.add_argument("--seed", type=int, help="seed of the corruptions' random noise (default: 0)")
+    e.add_argument("--out", metavar="DIR", help="corruption report directory (default: the run directory, "
+                                                "or the checkpoint's folder)")
+    e.set_defaults(func=run_eval)
+
+
+def run_eval(args) -> int:
+    """``vitmix eval``: ``--model`` builds a classifier by name; otherwise the checkpoint's task picks its
+    evaluator (``runs/tasks.py``)."""
+    from ..runs.tasks import evaluator
+
+    checkpoint = _eval_checkpoint(args)
+    if args.model is not None:
+        return eval_classifier(args, checkpoint)
+    if checkpoint is None:
+        raise ValueError("give a run directory or checkpoint (vitmix eval RUN), or --model NAME with --pretrained "
+                         "or --checkpoint FILE")
+    return evaluator(checkpoint)(args, checkpoint)
+
+
+def eval_classifier(args, checkpoint: Optional[str]) -> int:
+    """``vitmix eval`` of a classifier: the validation result (printed, and ``--results-file``), or the
+    corruption report."""
+    if args.corruptions is not None:
+        return _run_corruptions(args, checkpoint)
+    given = [flag for flag in _CORRUPTION_FLAGS if getattr(args, flag) is not None]
+    if given:
+        raise ValueError(f"--{given[0]} sets up the corruption report: add --corruptions all (or names)")
+    if args.results_format is not None and args.results_file is None:
+        raise ValueError("--results-format is the format of --results-file: give --results-file PATH too")
+    results_file = _results_file(args.results_file)
+    record = validate(checkpoint, model=args.model, pretrained=args.pretrained, mixer=args.mixer,
+                      num_classes=args.num_classes, use_ema=args.use_ema, data=args.data, data_dir=args.data_dir,
+                      batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
+                      preprocessing={k: getattr(args, k) for k in PREPROCESSING})
+    print(describe(record))
+    if results_file is not None:
+        write_results(results_file, record, args.results_format or results_format(results_file))
+    return 0
+
+
+def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool = False, mixer: Optional[str] = None,
+             num_classes: Optional[int] = None, use_ema: bool = False, data: Optional[str] = None,
+             data_dir: Optional[str] = None, batch_size: int = 128, workers: int = 0, device: Optional[str] = None,
+             amp: bool = False, preprocessing: Optional[dict] = None) -> dict:
+    """What ``vitmix eval`` measures: the top-1/top-5 accuracy of a run's model (``checkpoint``: a run
+    directory or a vitmix checkpoint), or of ``model`` built by name with ``pretrained`` weights and/or the
+    weights of ``checkpoint`` (any vitmix, timm or torch file), on ``data``'s validation split (default:
+    the run's; with ``model`` and ``data_dir`` only: an image folder, as timm's ``validate.py``),
+    preprocessed from the model's data config overridden by ``preprocessing`` (timm's names:
+    :data:`PREPROCESSING`). Returns timm's result keys (:data:`TIMM_KEYS`), then :data:`VITMIX_KEYS`."""
+    from torch.utils.data import DataLoader
+
+    from ..runs import load_checkpoint, resolve_ema
+    from ..runs.distributed import DistInfo
+    from .engine import evaluate
+
+    pre = _check_preprocessing({k: v for k, v in (preprocessing or {}).items() if v is not None})
+    for flag, value in (("--batch-size", batch_size), ("--num-classes", num_classes)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{flag} {value} must be a positive integer")
+    if workers < 0:
+        raise ValueError(f"--workers {workers} must be an integer >= 0")
+    if model is None:
+        for flag, value in zip(MODEL_FLAGS, (pretrained, mixer, num_classes)):
+            if value not in (None, False):
+                raise ValueError(f"--{flag.replace('_', '-')} builds a model by name: give --model NAME too (a run's "
+                                 "checkpoint records its own model)")
+        if checkpoint is None:
+            raise ValueError("give a run directory or checkpoint, or --model NAME")
+        net, meta, path = load_checkpoint(resolve_ema(checkpoint) if use_ema else checkpoint, device)
+        name, mixer, source = meta["model"], meta.get("mixer"), str(path)
+        if data is None and data_dir is None:     # the data it was trained on, from the folder it was read from
+            data_dir = meta.get("data_dir")
+        data = data or meta.get("data")
+        val_set, classes, chans = _val_set(data, data_dir, int(meta["img_size"]), meta.get("num_frames"))
+    else:
+        if data is None and data_dir is None:
+            raise ValueError(f"--model {model}: give the validation data, --data-dir DIR (an image folder: "
+                             "DIR/val/<class>/* or DIR/<class>/*) or --data NAME")
+        data = data or "imagefolder"
+        val_set, classes, chans = _val_set(data, data_dir, 224, None)
+        net, meta, source = _build_model(model, pretrained, mixer, num_classes, checkpoint, use_ema,
+                                         (classes, chans), pre)
+        net = net.to(_device(device))
+        name = model
+    video = meta.get("num_frames") is not None
+    if video:
+        if pre:
+            raise ValueError(f"--{next(iter(pre)).replace('_', '-')} sets image preprocessing; {name} is a video model "
+                             "whose clips are prepared by their dataset")
+        config = dict(input_size=(int(meta["in_chans"]), int(meta["img_size"]), int(meta["img_size"])),
+                      crop_pct=None, interpolation=None)
+    else:
+        config = data_config(net, pre)
+        _check_input(net, name, config)
+        _preprocess(val_set, config)
+    _check_fit(net, name, meta if model is None else None, data, classes, chans, config)
+    dev = next(net.parameters()).device
+    loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=workers,
+                        pin_memory=dev.type == "cuda")
+    metrics = evaluate(net, loader, DistInfo(device=dev), amp)
+    top1 = metrics["val_acc"]
+    top5 = metrics.get("val_acc_top5", 100.0 if metrics["val_images"] else 0.0)  # <= 5 classes: all in the top 5
+    params = sum(p.numel() for p in net.parameters())
+    return dict(model=name, top1=round(top1, 4), top1_err=round(100 - top1, 4), top5=round(top5, 4),
+                top5_err=round(100 - top5, 4), param_count=round(params / 1e6, 2), img_size=config["input_size"][-1],
+                crop_pct=config["crop_pct"], interpolation=config["interpolation"], mixer=mixer, data=data,
+                images=metrics["val_images"], loss=metrics["val_loss"], checkpoint=source)
+
+
+def describe(record: dict) -> str:
+    """One line of a :func:`validate` result."""
+    how = (f"{record['img_size']}px, crop_pct {record['crop_pct']}, {record['interpolation']}"
+           if record["interpolation"] else f"{record['img_size']}px clips")
+    return (f"{record['model']} (mixer={record['mixer'] or 'default'}) on {record['data']}: top-1 "
+            f"{record['top1']:.2f}%, top-5 {record['top5']:.2f}% ({record['images']} images, {how}), "
+            f"loss {record['loss']:.4f}, {record['param_count']}M params  [{record['checkpoint'] or 'pretrained'}]")
+
+
+def results_format(path) -> str:
+    """``--results-file``'s format when ``--results-format`` is not given: json for a ``.json`` file, else
+    csv (timm's default)."""
+    return "json" if Path(path).suffix.lower() == ".json" else "csv"
+
+
+def write_results(path, record: dict, fmt: str) -> None:
+    """Write one result as timm's ``validate.py`` does: JSON, or CSV with a header row (atomically)."""
+    from ..runs import save_text
+
+    if fmt == "json":
+        text = json.dumps(record, indent=2) + "\n"
+    else:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(record), lineterminator="\n")
+        writer.writeheader()
+        writer.writerow(record)
+        text = out.getvalue()
+    save_text(Path(path), text)
+
+
+# --- preprocessing --------------------------------------------------------------------------------------------
+
+def data_config(model, preprocessing: Optional[dict] = None) -> dict:
+    """timm's data config of ``model`` (its ``pretrained_cfg``; a vitmix run's model carries its run's)
+    with ``preprocessing`` (timm's flag names) over it; ``--img-size`` keeps the model's channels."""
+    from timm.data import resolve_model_data_config
+
+    pre = dict(preprocessing or {})
+    channels = model.pretrained_cfg.get("input_size", (3,))[0] if hasattr(model, "pretrained_cfg") else 3
+    config = resolve_model_data_config(model, args=dict(pre, in_chans=channels), use_test_size=True)
+    chans = config["input_size"][0]
+    for key in ("mean", "std"):
+        if len(config[key]) != chans:
+            raise ValueError(f"the data config's {key} {tuple(config[key])} has {len(config[key])} values for "
+                             f"{chans}-channel input: give --mean and --std with {chans} value(s)")
+    return config
+
+
+def eval_transform(config: dict):
+    """The validation transform of a data config: timm's ``create_transform(is_training=False)``."""
+    from timm.data import create_transform
+
+    return create_transform(**config, is_training=False)
+
+
+def _check_preprocessing(pre: dict) -> dict:
+    """The preprocessing flags given, checked: sizes and crop positive, mean/std of 1 or C values."""
+    if "img_size" in pre and "input_size" in pre:
+        raise ValueError("give --img-size or --input-size, not both")
+    sizes = pre.get("input_size") or ([pre["img_size"]] if "img_size" in pre else [])
+    if any(s <= 0 for s in sizes):
+        raise ValueError(f"--{'input' if 'input_size' in pre else 'img'}-size {' '.join(map(str, sizes))}: sizes "
+                         "must be positive")
+    if pre.get("crop_pct", 1) <= 0:
+        raise ValueError(f"--crop-pct {pre['crop_pct']} must be positive (1.0: no crop; DeiT's 0.875)")
+    channels = pre["input_size"][0] if "input_size" in pre else None
+    for key in ("mean", "std"):
+        values = pre.get(key)
+        if values is not None and channels is not None and len(values) not in (1, channels):
+            raise ValueError(f"--{key} takes 1 or {channels} values (one per channel of --input-size), "
+                             f"got {len(values)}")
+    if any(s <= 0 for s in pre.get("std", ())):
+        raise ValueError(f"--std {' '.join(map(str, pre['std']))}: each value must be positive")
+    return pre
+
+
+def _preprocess(val_set, config: dict) -> None:
+    """Give the validation images the data config's transform (an image folder is also read with the
+    config's channels, as timm's ``input_img_mode``)."""
+    val_set.transform = eval_transform(config)
+    if hasattr(val_set, "loader"):      # torchvision's ImageFolder: read as the model's channels
+        channels = config["input_size"][0]
+        if channels not in (1, 3):
+            raise ValueError(f"an image folder gives 1 (grey) or 3 (RGB) channels, not the {channels} the model takes")
+        val_set.loader = partial(_open_image, mode="L" if channels == 1 else "RGB")
+
+
+def _open_image(path, mode: str):
+    from PIL import Image
+
+    with open(path, "rb") as fh:
+        return Image.open(fh).convert(mode)
+
+
+def _check_input(model, name: str, config: dict) -> None:
+    """A ViT built for a fixed input size and channel count does not take others: a one-line error
+    instead of a shape error deep in the forward."""
+    embed = getattr(model, "patch_embed", None)
+    size = getattr(embed, "img_size", None)
+    want = tuple(config["input_size"])
+    if size is not None and getattr(embed, "strict_img_size", True) and not getattr(model, "dynamic_img_size", False):
+        if tuple(size) != want[1:]:
+            raise ValueError(f"{name} takes {size[0]}x{size[1]} images, not the {want[1]}x{want[2]} of the data "
+                             "config: drop --img-size/--input-size, or build the model at that size (--model NAME "
+                             "--img-size S)")
+    chans = getattr(getattr(embed, "proj", None), "in_channels", None)
+    if chans is not None and chans != want[0]:
+        raise ValueError(f"{name} takes {chans}-channel images, not the {want[0]} of the data config: give "
+                         f"--input-size {chans} {want[1]} {want[2]}")
+
+
+def _check_fit(model, name: str, meta: Optional[dict], data: str, classes: int, chans: Optional[int],
+               config: dict) -> None:
+    """The model's classes (and a run's channels) against the data's: a one-line error naming the fix."""
+    if meta is not None:
+        if (meta["num_classes"], meta["in_chans"]) != (classes, chans if chans is not None else meta["in_chans"]):
+            raise ValueError(f"{name} ({meta.get('data')}) was trained for {meta['num_classes']} classes / "
+                             f"{meta['in_chans']} channels, but {data} has {classes} / {chans}")
+        return
+    outputs = getattr(model, "num_classes", None)
+    if outputs is not None and outputs != classes:
+        raise ValueError(f"--model {name} predicts {outputs} classes, but {data} has {classes}: evaluate it on data of "
+                         f"its classes, or give --num-classes {classes} with a --checkpoint trained for them")
+    if chans is not None and chans != config["input_size"][0]:
+        raise ValueError(f"{data} has {chans}-channel images, the model takes {config['input_size'][0]}: build it "
+                         f"with --input-size {chans} H W")
+
+
+# --- data -------------------------------------------------------------------------------------------------------
+
+def _val_set(data: str, data_dir: Optional[str], img_size: int, num_frames: Optional[int]):
+    """``(validation set, classes, channels)`` of ``data`` (channels ``None``: an image folder, read as
+    the model's); its transform is the dataset's until :func:`_preprocess` sets the data config's."""
+    from ..data import build_datasets
+    from ..data.datasets import dataset_key
+
+    if dataset_key(data) == "imagefolder":
+        return _image_folder(data_dir)
+    _, val_set, info = build_datasets(data, img_size, data_dir, augment=False, num_frames=num_frames)
+    return val_set, info.num_classes, info.in_chans
+
+
+def _class_folders(path: Path) -> list:
+    return sorted(p.name for p in path.iterdir() if p.is_dir())
+
+
+def _image_folder(data_dir: Optional[str]):
+    """timm ``validate.py``'s image folder: ``DIR/val`` (or ``validation``) when there is one, else ``DIR``,
+    holding ``<class>/<image>``; class indices are the sorted folder names (as torchvision's and timm's)."""
+    import torchvision
+
+    if not data_dir:
+        raise ValueError("--data imagefolder needs --data-dir DIR (DIR/val/<class>/* or DIR/<class>/*)")
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--data-dir {root} does not exist" if not root.exists() else
+                                f"--data-dir {root} is a file; give the folder of the class folders")
+    split = next((root / s for s in VAL_SPLITS if (root / s).is_dir()), root)
+    classes = _class_folders(split)
+    if split == root and (root / "train").is_dir():
+        raise FileNotFoundError(f"{root} has train/ but no {' or '.join(s + '/' for s in VAL_SPLITS)}: evaluate on "
+                                f"the validation images ({root}/val/<class>/*)")
+    if not classes:
+        raise FileNotFoundError(f"{split} holds no class folders; expected {split}/<class>/<image>")
+    if split != root and (root / "train").is_dir() and _class_folders(root / "train") != classes:
+        raise ValueError(f"train/ and {split.name}/ class folders differ in {root}: the class indices would not be "
+                         "the ones the model was trained with")
+    try:
+        val_set = torchvision.datasets.ImageFolder(str(split))
+    except FileNotFoundError as err:      # a class folder without images
+        raise FileNotFoundError(f"{split}: {err}") from None
+    return val_set, len(classes), None
+
+
+# --- the model ------------------------------------------------------------------------------------------------
+
+def _device(device: Optional[str]):
+    from ..runs import parse_device
+
+    return parse_device(device)
+
+
+def _build_model(name: str, pretrained: bool, mixer: Optional[str], num_classes: Optional[int], checkpoint,
+                 use_ema: bool, data: tuple, pre: dict):
+    """``(model, meta, checkpoint path or None)``: ``--model NAME`` built as timm's ``validate.py`` does
+    (``pretrained``, then the ``checkpoint``'s weights, strictly), with the classes, channels and size of
+    the checkpoint's vitmix metadata, else of ``pre`` and the data (``pretrained``: the pretrained model's)."""
+    import timm
+
+    from ..models import create_model
+    from ..models.timesformer import is_video_model
+    from ..runs import load_into, read_checkpoint, resolve_checkpoint, resolve_ema
+    from ..runs.checkpoints import run_data_config, set_data_config
+
+    if not pretrained and checkpoint is None:
+        raise ValueError(f"--model {name} needs weights: --pretrained (timm's) or --checkpoint FILE")
+    if use_ema and checkpoint is None:
+        raise ValueError("--use-ema reads the EMA weights of a checkpoint: give --checkpoint FILE")
+    if not name.startswith(HUB_PREFIXES) and is_video_model(name):
+        raise ValueError("--model builds image classifiers; evaluate a video run by its directory (vitmix eval RUN)")
+    state, meta, path = {}, {}, None
+    if checkpoint is not None:
+        path = resolve_ema(checkpoint) if use_ema else resolve_checkpoint(checkpoint)
+        state, meta = read_checkpoint(path, ema=use_ema)
+    classes, chans = data
+    size = tuple(pre["input_size"]) if "input_size" in pre else None
+    kwargs = dict(num_classes=num_classes or meta.get("num_classes") or (None if pretrained else classes),
+                  in_chans=size[0] if size else meta.get("in_chans") or (None if pretrained else chans),
+                  img_size=(size[1] if size[1] == size[2] else size[1:]) if size else pre.get("img_size")
+                  or meta.get("img_size"))
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if mixer is not None:
+        kwargs["mixer"] = mixer
+    try:
+        if name.startswith(HUB_PREFIXES):   # timm reads the saved config (and mixer: vitmix's wrapped ViTs take it)
+            model = timm.create_model(name, pretrained=pretrained, **kwargs)
+        else:
+            model = create_model(name, pretrained=pretrained, **kwargs)
+    except (RuntimeError, OSError) as err:      # no pretrained weights, no network, no such folder
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        raise ValueError(f"--model {name}{' --pretrained' if pretrained else ''}: {lines[0]}") from None
+    if getattr(model, "task", "classification") != "classification":
+        raise ValueError(f"{name} is a {model.task} model, not a classifier")
+    if path is not None:
+        load_into(model, state, f"{path} (a checkpoint of another architecture?)")
+        if all(k in meta for k in ("img_size", "in_chans")):     # a vitmix checkpoint: its run's data config
+            set_data_config(model, run_data_config(meta))
+    if "in_chans" in kwargs or "img_size" in kwargs:   # the size built, for the data config
+        built = getattr(getattr(model, "patch_embed", None), "img_size", None)
+        cfg_size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+        set_data_config(model, {"input_size": (kwargs.get("in_chans", cfg_size[0]),
+                                               *(tuple(built) if built is not None else cfg_size[1:]))})
+    return model.eval(), meta, str(path) if path is not None else None
+
+
+# --- the command's plumbing -----------------------------------------------------------------------------------
+
+def _results_file(path):
+    """``--results-file``, checked before any work: a file in an existing folder."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--results-file {path} is a directory; give a file name such as {path / 'results.csv'}")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"--results-file {path}: the folder {path.parent} does not exist")
+    return path
+
+
+def _eval_checkpoint(args) -> Optional[str]:
+    """The checkpoint given positionally or with --checkpoint (one of them, both the same, or none)."""
+    given = {c for c in (args.checkpoint_path, args.checkpoint) if c}
+    if len(given) > 1:
+        raise ValueError(f"two different checkpoints given ({' and '.join(sorted(given))}); give one")
+    return given.pop() if given else None
+
+
+def _flags_given(args, names: Sequence[str]) -> list:
+    return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) not in (None, False)]
+
+
+def _run_corruptions(args, checkpoint: Optional[str]) -> int:
+    """``vitmix eval --corruptions``: every name, severity and path is checked before any work."""
+    from ..data.corruptions import parse_corruptions, parse_severities
+    from .robustness import (
+        REPORT_FILES, corruption_summary, corruption_table, default_report_dir, evaluate_checkpoint_corruptions,
+        write_corruption_report,
+    )
+    from ..runs import check_output_dir
+    from .runner import resolve_checkpoint
+
+    if args.results_file is not None:
+        raise ValueError("--results-file is for the plain evaluation; with --corruptions the results go to "
+                         "corruptions.json in --out")
+    other = _flags_given(args, ("model", *MODEL_FLAGS, "use_ema", *PREPROCESSING, "results_format"))
+    if other:
+        raise ValueError(f"{other[0]} is for the plain evaluation; --corruptions evaluates a run's checkpoint with "
+                         "its dataset's preprocessing (for its EMA: give RUN/ema.safetensors)")
+    if checkpoint is None:
+        raise ValueError("give a run directory or checkpoint: vitmix eval RUN --corruptions all")
+    names = parse_corruptions(args.corruptions)
+    severities = parse_severities(args.severities if args.severities is not None else "1,2,3,4,5")
+    resolve_checkpoint(checkpoint)                      # a missing checkpoint fails here, before the data
+    out = Path(args.out) if args.out else default_report_dir(checkpoint)
+    if args.out:          # a folder given must be new, empty, a run's or hold an earlier report
+        check_output_dir(out, ("corruptions.json", "config.yaml"), "corruption report")
+    elif not (out / "corruptions.json").is_file():    # the checkpoint's folder: never over files of yours
+        theirs = [name for name in REPORT_FILES if (out / name).exists()]
+        if theirs:
+            raise ValueError(f"{out} holds {theirs[0]}, which no corruption report wrote: give --out DIR for "
+                             "the report, so that no file of yours is overwritten")
+    result = evaluate_checkpoint_corruptions(
+        checkpoint, data=args.data, data_dir=args.data_dir, device=args.device, corruptions=names,
+        severities=severities, seed=args.seed or 0, batch_size=args.batch_size, amp=args.amp)
+    paths = write_corruption_report(result, out)
+    print(f"{result['model']} (mixer={result['mixer'] or 'default'}) on {result['data']}  [{result['checkpoint']}]")
+    print(corruption_table(result))
+    print(corruption_summary(result))
+    print(f"report: {paths['corruptions.md']} (+ .csv, .json, .png)")
+    return 0
