@@ -23,7 +23,7 @@ VITMIX_KEYS = ("mixer", "data", "images", "loss", "checkpoint")
 #: the preprocessing flags (timm's names), over the model's data config
 PREPROCESSING = ("img_size", "input_size", "crop_pct", "crop_mode", "interpolation", "mean", "std")
 #: the flags that build a model by name instead of reading a run's checkpoint
-MODEL_FLAGS = ("pretrained", "mixer", "num_classes")
+MODEL_FLAGS = ("pretrained", "mixer", "num_classes", "model_options", "mixer_options")
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")
 #: where timm's validate.py finds the validation images of an image folder (else the folder itself)
@@ -32,6 +32,8 @@ VAL_SPLITS = ("val", "validation")
 HUB_PREFIXES = ("hf-hub:", "local-dir:")
 
 _CORRUPTION_FLAGS = ("severities", "seed", "out")
+#: flag names of the options whose parameter names differ
+_FLAG_NAMES = {"model_options": "model_kwargs", "mixer_options": "mixer_option"}
 
 
 def add_parser(sub) -> None:
@@ -54,6 +56,10 @@ def add_parser(sub) -> None:
     e.add_argument("--pretrained", action="store_true", help="with --model: timm's pretrained weights of it")
     e.add_argument("--mixer", help="with --model: replace its attention by this mixer (pretrained softmax weights "
                                    "are converted, see docs/convert.md)")
+    e.add_argument("--model-kwargs", "--model-option", dest="model_option", nargs="+", action="extend",
+                   metavar="KEY=VALUE", help="with --model: constructor options (e.g. depth=4 drop_path_rate=0.1)")
+    e.add_argument("--mixer-option", "-M", action="append", metavar="KEY=VALUE",
+                   help="with --mixer: a mixer option, repeatable (e.g. -M num_landmarks=16)")
     e.add_argument("--num-classes", type=int, metavar="N",
                    help="with --model: its classifier's classes (default: the checkpoint's, else the data's; "
                         "with --pretrained, the pretrained head's)")
@@ -112,7 +118,11 @@ def eval_classifier(args, checkpoint: Optional[str]) -> int:
     if args.results_format is not None and args.results_file is None:
         raise ValueError("--results-format is the format of --results-file: give --results-file PATH too")
     results_file = _results_file(args.results_file)
+    from ..runs.flags import parse_key_values
+
     record = validate(checkpoint, model=args.model, pretrained=args.pretrained, mixer=args.mixer,
+                      mixer_options=parse_key_values(args.mixer_option) or None,
+                      model_options=parse_key_values(args.model_option) or None,
                       num_classes=args.num_classes, use_ema=args.use_ema, data=args.data, data_dir=args.data_dir,
                       batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
                       preprocessing={k: getattr(args, k) for k in PREPROCESSING})
@@ -123,12 +133,14 @@ def eval_classifier(args, checkpoint: Optional[str]) -> int:
 
 
 def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool = False, mixer: Optional[str] = None,
+             mixer_options: Optional[dict] = None, model_options: Optional[dict] = None,
              num_classes: Optional[int] = None, use_ema: bool = False, data: Optional[str] = None,
              data_dir: Optional[str] = None, batch_size: int = 128, workers: int = 0, device: Optional[str] = None,
              amp: bool = False, preprocessing: Optional[dict] = None) -> dict:
     """What ``vitmix eval`` measures: the top-1/top-5 accuracy of a run's model (``checkpoint``: a run
     directory or a vitmix checkpoint), or of ``model`` built by name with ``pretrained`` weights and/or the
-    weights of ``checkpoint`` (any vitmix, timm or torch file), on ``data``'s validation split (default:
+    weights of ``checkpoint`` (any vitmix, timm or torch file; ``model_options``: its constructor's,
+    ``mixer``/``mixer_options``: the attention it is built with), on ``data``'s validation split (default:
     the run's; with ``model`` and ``data_dir`` only: an image folder, as timm's ``validate.py``),
     preprocessed from the model's data config overridden by ``preprocessing`` (timm's names:
     :data:`PREPROCESSING`). Returns timm's result keys (:data:`TIMM_KEYS`), then :data:`VITMIX_KEYS`."""
@@ -145,10 +157,10 @@ def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool =
     if workers < 0:
         raise ValueError(f"--workers {workers} must be an integer >= 0")
     if model is None:
-        for flag, value in zip(MODEL_FLAGS, (pretrained, mixer, num_classes)):
+        for flag, value in zip(MODEL_FLAGS, (pretrained, mixer, num_classes, model_options, mixer_options)):
             if value not in (None, False):
-                raise ValueError(f"--{flag.replace('_', '-')} builds a model by name: give --model NAME too (a run's "
-                                 "checkpoint records its own model)")
+                raise ValueError(f"--{_FLAG_NAMES.get(flag, flag).replace('_', '-')} builds a model by name: give "
+                                 "--model NAME too (a run's checkpoint records its own model)")
         if checkpoint is None:
             raise ValueError("give a run directory or checkpoint, or --model NAME")
         net, meta, path = load_checkpoint(resolve_ema(checkpoint) if use_ema else checkpoint, device)
@@ -163,8 +175,8 @@ def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool =
                              "DIR/val/<class>/* or DIR/<class>/*) or --data NAME")
         data = data or "imagefolder"
         val_set, classes, chans = _val_set(data, data_dir, 224, None)
-        net, meta, source = _build_model(model, pretrained, mixer, num_classes, checkpoint, use_ema,
-                                         (classes, chans), pre)
+        net, meta, source = _build_model(model, pretrained, (mixer, mixer_options), num_classes, model_options,
+                                         checkpoint, use_ema, (classes, chans), pre)
         net = net.to(_device(device))
         name = model
     video = meta.get("num_frames") is not None
@@ -374,8 +386,8 @@ def _device(device: Optional[str]):
     return parse_device(device)
 
 
-def _build_model(name: str, pretrained: bool, mixer: Optional[str], num_classes: Optional[int], checkpoint,
-                 use_ema: bool, data: tuple, pre: dict):
+def _build_model(name: str, pretrained: bool, mixer: tuple, num_classes: Optional[int],
+                 model_options: Optional[dict], checkpoint, use_ema: bool, data: tuple, pre: dict):
     """``(model, meta, checkpoint path or None)``: ``--model NAME`` built as timm's ``validate.py`` does
     (``pretrained``, then the ``checkpoint``'s weights, strictly), with the classes, channels and size of
     the checkpoint's vitmix metadata, else of ``pre`` and the data (``pretrained``: the pretrained model's)."""
@@ -402,9 +414,10 @@ def _build_model(name: str, pretrained: bool, mixer: Optional[str], num_classes:
                   in_chans=size[0] if size else meta.get("in_chans") or (None if pretrained else chans),
                   img_size=(size[1] if size[1] == size[2] else size[1:]) if size else pre.get("img_size")
                   or meta.get("img_size"))
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    if mixer is not None:
-        kwargs["mixer"] = mixer
+    kwargs = {**{k: v for k, v in kwargs.items() if v is not None}, **(model_options or {})}   # the user's win
+    for key, value in zip(("mixer", "mixer_options"), mixer):
+        if value:
+            kwargs[key] = value
     try:
         if name.startswith(HUB_PREFIXES):   # timm reads the saved config (and mixer: vitmix's wrapped ViTs take it)
             model = timm.create_model(name, pretrained=pretrained, **kwargs)
@@ -466,7 +479,8 @@ def _run_corruptions(args, checkpoint: Optional[str]) -> int:
     if args.results_file is not None:
         raise ValueError("--results-file is for the plain evaluation; with --corruptions the results go to "
                          "corruptions.json in --out")
-    other = _flags_given(args, ("model", *MODEL_FLAGS, "use_ema", *PREPROCESSING, "results_format"))
+    other = _flags_given(args, ("model", "pretrained", "mixer", "num_classes", "model_option", "mixer_option",
+                                "use_ema", *PREPROCESSING, "results_format"))
     if other:
         raise ValueError(f"{other[0]} is for the plain evaluation; --corruptions evaluates a run's checkpoint with "
                          "its dataset's preprocessing (for its EMA: give RUN/ema.safetensors)")
