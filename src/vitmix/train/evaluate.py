@@ -110,6 +110,8 @@ def run_eval(args) -> int:
 def eval_classifier(args, checkpoint: Optional[str]) -> int:
     """``vitmix eval`` of a classifier: the validation result (printed, and ``--results-file``), or the
     corruption report."""
+    from ..runs.flags import parse_key_values
+
     if args.corruptions is not None:
         return _run_corruptions(args, checkpoint)
     given = [flag for flag in _CORRUPTION_FLAGS if getattr(args, flag) is not None]
@@ -118,8 +120,6 @@ def eval_classifier(args, checkpoint: Optional[str]) -> int:
     if args.results_format is not None and args.results_file is None:
         raise ValueError("--results-format is the format of --results-file: give --results-file PATH too")
     results_file = _results_file(args.results_file)
-    from ..runs.flags import parse_key_values
-
     record = validate(checkpoint, model=args.model, pretrained=args.pretrained, mixer=args.mixer,
                       mixer_options=parse_key_values(args.mixer_option) or None,
                       model_options=parse_key_values(args.model_option) or None,
@@ -144,12 +144,6 @@ def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool =
     the run's; with ``model`` and ``data_dir`` only: an image folder, as timm's ``validate.py``),
     preprocessed from the model's data config overridden by ``preprocessing`` (timm's names:
     :data:`PREPROCESSING`). Returns timm's result keys (:data:`TIMM_KEYS`), then :data:`VITMIX_KEYS`."""
-    from torch.utils.data import DataLoader
-
-    from ..runs import load_checkpoint, resolve_ema
-    from ..runs.distributed import DistInfo
-    from .engine import evaluate
-
     pre = _check_preprocessing({k: v for k, v in (preprocessing or {}).items() if v is not None})
     for flag, value in (("--batch-size", batch_size), ("--num-classes", num_classes)):
         if value is not None and value <= 0:
@@ -161,14 +155,8 @@ def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool =
             if value not in (None, False):
                 raise ValueError(f"--{_FLAG_NAMES.get(flag, flag).replace('_', '-')} builds a model by name: give "
                                  "--model NAME too (a run's checkpoint records its own model)")
-        if checkpoint is None:
-            raise ValueError("give a run directory or checkpoint, or --model NAME")
-        net, meta, path = load_checkpoint(resolve_ema(checkpoint) if use_ema else checkpoint, device)
-        name, mixer, source = meta["model"], meta.get("mixer"), str(path)
-        if data is None and data_dir is None:     # the data it was trained on, from the folder it was read from
-            data_dir = meta.get("data_dir")
-        data = data or meta.get("data")
-        val_set, classes, chans = _val_set(data, data_dir, int(meta["img_size"]), meta.get("num_frames"))
+        net, meta, source, data, (val_set, classes, chans) = _from_run(checkpoint, use_ema, data, data_dir, device)
+        name, mixer = meta["model"], meta.get("mixer")
     else:
         if data is None and data_dir is None:
             raise ValueError(f"--model {model}: give the validation data, --data-dir DIR (an image folder: "
@@ -177,31 +165,58 @@ def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool =
         val_set, classes, chans = _val_set(data, data_dir, 224, None)
         net, meta, source = _build_model(model, pretrained, (mixer, mixer_options), num_classes, model_options,
                                          checkpoint, use_ema, (classes, chans), pre)
-        net = net.to(_device(device))
-        name = model
-    video = meta.get("num_frames") is not None
-    if video:
-        if pre:
-            raise ValueError(f"--{next(iter(pre)).replace('_', '-')} sets image preprocessing; {name} is a video model "
-                             "whose clips are prepared by their dataset")
-        config = dict(input_size=(int(meta["in_chans"]), int(meta["img_size"]), int(meta["img_size"])),
-                      crop_pct=None, interpolation=None)
-    else:
-        config = data_config(net, pre)
-        _check_input(net, name, config)
-        _preprocess(val_set, config)
+        net, name = net.to(_device(device)), model
+    config = _preprocessing(net, name, meta, val_set, pre)
     _check_fit(net, name, meta if model is None else None, data, classes, chans, config)
-    dev = next(net.parameters()).device
-    loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=workers,
-                        pin_memory=dev.type == "cuda")
-    metrics = evaluate(net, loader, DistInfo(device=dev), amp)
+    metrics, params = _measure(net, val_set, batch_size, workers, amp), sum(p.numel() for p in net.parameters())
     top1 = metrics["val_acc"]
     top5 = metrics.get("val_acc_top5", 100.0 if metrics["val_images"] else 0.0)  # <= 5 classes: all in the top 5
-    params = sum(p.numel() for p in net.parameters())
     return dict(model=name, top1=round(top1, 4), top1_err=round(100 - top1, 4), top5=round(top5, 4),
                 top5_err=round(100 - top5, 4), param_count=round(params / 1e6, 2), img_size=config["input_size"][-1],
                 crop_pct=config["crop_pct"], interpolation=config["interpolation"], mixer=mixer, data=data,
                 images=metrics["val_images"], loss=metrics["val_loss"], checkpoint=source)
+
+
+def _from_run(checkpoint, use_ema: bool, data: Optional[str], data_dir: Optional[str], device: Optional[str]):
+    """``(model, meta, checkpoint path, data, (val set, classes, channels))`` of a run directory or vitmix
+    checkpoint; the data default to the run's (from the folder it was read from)."""
+    from ..runs import load_checkpoint, resolve_ema
+
+    if checkpoint is None:
+        raise ValueError("give a run directory or checkpoint, or --model NAME")
+    net, meta, path = load_checkpoint(resolve_ema(checkpoint) if use_ema else checkpoint, device)
+    if data is None and data_dir is None:
+        data_dir = meta.get("data_dir")
+    data = data or meta.get("data")
+    return net, meta, str(path), data, _val_set(data, data_dir, int(meta["img_size"]), meta.get("num_frames"))
+
+
+def _preprocessing(net, name: str, meta: dict, val_set, pre: dict) -> dict:
+    """The data config the validation images get (set on ``val_set``); a video run's clips keep their
+    dataset's preparation (no crop or interpolation to report)."""
+    if meta.get("num_frames") is not None:
+        if pre:
+            raise ValueError(f"--{next(iter(pre)).replace('_', '-')} sets image preprocessing; {name} is a video model "
+                             "whose clips are prepared by their dataset")
+        size = int(meta["img_size"])
+        return dict(input_size=(int(meta["in_chans"]), size, size), crop_pct=None, interpolation=None)
+    config = data_config(net, pre)
+    _check_input(net, name, config)
+    _preprocess(val_set, config)
+    return config
+
+
+def _measure(net, val_set, batch_size: int, workers: int, amp: bool) -> dict:
+    """The training loop's validation metrics (``val_acc``, ``val_acc_top5``, ``val_loss``, ``val_images``)."""
+    from torch.utils.data import DataLoader
+
+    from ..runs.distributed import DistInfo
+    from .engine import evaluate
+
+    device = next(net.parameters()).device
+    loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=workers,
+                        pin_memory=device.type == "cuda")
+    return evaluate(net, loader, DistInfo(device=device), amp)
 
 
 def describe(record: dict) -> str:
@@ -268,7 +283,7 @@ def _check_preprocessing(pre: dict) -> dict:
         raise ValueError(f"--{'input' if 'input_size' in pre else 'img'}-size {' '.join(map(str, sizes))}: sizes "
                          "must be positive")
     if pre.get("crop_pct", 1) <= 0:
-        raise ValueError(f"--crop-pct {pre['crop_pct']} must be positive (1.0: no crop; DeiT's 0.875)")
+        raise ValueError(f"--crop-pct {pre['crop_pct']} must be positive (1.0: no crop; DeiT's 0.9)")
     channels = pre["input_size"][0] if "input_size" in pre else None
     for key in ("mean", "std"):
         values = pre.get(key)
