@@ -287,3 +287,28 @@ def test_a_dense_run_refuses_the_classifier_flags():
         setattr(args, flag, value)
         with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} is for classifiers"):
             eval_dense(args, "runs/seg")
+
+
+def test_pretrained_softmax_weights_converted_by_mixer(folder, tmp_path, capsys):
+    """--pretrained --mixer soft on a saved DeiT (one block): the softmax weights are converted, and the
+    images get DeiT's data config (224 px, bicubic, crop_pct 0.9, ImageNet's mean/std)."""
+    import timm
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    torch.manual_seed(5)
+    saved = vitmix.save_pretrained(vitmix.create_model("deit_tiny_patch16_224", depth=1, num_classes=3),
+                                   tmp_path / "deit")
+    teacher = timm.create_model(f"local-dir:{saved}", pretrained=True).eval()
+    expected = vitmix.convert(teacher, "soft")
+    transform = create_transform(input_size=(3, 224, 224), interpolation="bicubic", crop_pct=0.9,
+                                 mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, is_training=False)
+    images, labels = _images(folder)
+    with torch.no_grad():
+        logits = expected(torch.stack([transform(img) for img in images]))
+    with pytest.warns(UserWarning, match="converted to mixer 'soft'"):
+        record = _eval(capsys, "--model", f"local-dir:{saved}", "--pretrained", "--mixer", "soft",
+                       "--data-dir", str(folder))
+    assert (record["img_size"], record["crop_pct"], record["interpolation"], record["mixer"]) == (
+        224, 0.9, "bicubic", "soft")
+    assert record["top1"] == round(100 * (logits.argmax(-1) == labels).float().mean().item(), 4)
+    assert record["loss"] == pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-5)
