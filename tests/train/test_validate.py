@@ -18,7 +18,7 @@ from timm.data import create_transform
 import vitmix
 from vitmix.cli import main
 from vitmix.runs.checkpoints import set_data_config
-from vitmix.train import TrainConfig, evaluate_checkpoint, train
+from vitmix.train import TrainConfig, evaluate_checkpoint, train, validate
 from vitmix.train.evaluate import TIMM_KEYS, VITMIX_KEYS, data_config, eval_transform
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -232,6 +232,7 @@ def test_a_run_is_preprocessed_as_it_validated(runs, data, capsys):
     record = json.loads((run / "r.json").read_text())
     assert record["top1"] == round(before["val_acc"], 4) and record["loss"] == pytest.approx(before["val_loss"])
     assert record["images"] == before["val_images"] and record["img_size"] == size
+    assert validate(run) == record                     # the Python form of the command
 
 
 def test_use_ema_of_a_run(runs, capsys):
