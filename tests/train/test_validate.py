@@ -118,6 +118,18 @@ def test_a_timm_checkpoint_scores_what_the_model_scores_by_hand(folder, timm_fil
     assert ema_loss != pytest.approx(loss, rel=1e-3)     # the two weight sets differ: the EMA was read
 
 
+def test_timms_saved_flags_need_torchs_allow_list(timm_file, monkeypatch):
+    """The argparse.Namespace of timm's checkpoints loads through torch's safe_globals; a torch without it
+    refuses the file as pickled code, in one message that says how to convert it."""
+    from vitmix.runs import read_checkpoint
+
+    state, _ = read_checkpoint(timm_file[0])
+    assert all(torch.equal(state[k], v) for k, v in timm_file[1].items())
+    monkeypatch.delattr(torch.serialization, "safe_globals")
+    with pytest.raises(ValueError, match=r"holds pickled code \(argparse.Namespace\).*weights_only=False"):
+        read_checkpoint(timm_file[0])
+
+
 def test_the_data_config_flags_override_the_models(folder, timm_file, capsys):
     path, weights, _ = timm_file
     asked = dict(interpolation="nearest", crop_pct=0.6, mean=(0.2, 0.3, 0.4), std=(0.5, 0.6, 0.7))
@@ -263,6 +275,10 @@ def test_bad_input_is_one_line(folder, timm_file, runs, tmp_path, capsys):
         "holds no class folders": [*model, "--checkpoint", path, "--data-dir", "{tmp}/empty"],
         "needs weights: --pretrained (timm's) or --checkpoint FILE": [*model, "--data-dir", str(folder)],
         "give the validation data": [*model, "--checkpoint", path],
+        "--use-ema reads the EMA weights of a checkpoint": [*model, "--pretrained", "--use-ema", "--data-dir",
+                                                            str(folder)],
+        "--model builds image classifiers": ["--model", "timesformer_tiny", "--checkpoint", path, "--data-dir",
+                                             str(folder)],
         "holds no EMA weights (none of state_dict_ema": [*model, "--checkpoint", str(plain), "--use-ema",
                                                          "--data-dir", str(folder)],
         "--pretrained builds a model by name: give --model NAME": [str(runs["digits"]), "--pretrained"],

@@ -7,6 +7,7 @@ interrupted save never leaves a half-written checkpoint over a good one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import pickle
@@ -215,8 +216,7 @@ def _torch_load(path: Path, what: str):
     try:
         with warnings.catch_warnings():   # torch's note on foreign pickle protocols precedes our error
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            # timm's train.py saves its flags as an argparse.Namespace (plain values): allowed, no other class
-            with torch.serialization.safe_globals([argparse.Namespace]):
+            with _timm_args_allowed():
                 return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if "Weights only load failed" not in str(err):
@@ -233,6 +233,14 @@ def _torch_load(path: Path, what: str):
     except Exception as err:  # torch raises several types for corrupt files (RuntimeError, EOFError, ...)
         raise ValueError(f"{path} is not a loadable {what}: it is empty, truncated or corrupt "
                          f"({_first_line(err)})") from None
+
+
+def _timm_args_allowed():
+    """timm's ``train.py`` saves its flags in a checkpoint as an ``argparse.Namespace`` (plain values): that
+    class, and no other, is allowed to ``weights_only`` loading (torch >= 2.5; before, such a file is
+    refused as pickled code, with the way to convert it)."""
+    allow = getattr(torch.serialization, "safe_globals", None)
+    return allow([argparse.Namespace]) if allow is not None else contextlib.nullcontext()
 
 
 def _first_line(err: Exception) -> str:
