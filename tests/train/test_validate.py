@@ -19,7 +19,7 @@ import vitmix
 from vitmix.cli import main
 from vitmix.runs.checkpoints import set_data_config
 from vitmix.train import TrainConfig, evaluate_checkpoint, train, validate
-from vitmix.train.evaluate import TIMM_KEYS, VITMIX_KEYS, data_config, eval_transform
+from vitmix.train.validation import TIMM_KEYS, VITMIX_KEYS, data_config, eval_transform
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
