@@ -329,3 +329,13 @@ def test_pretrained_softmax_weights_converted_by_mixer(folder, tmp_path, capsys)
         224, 0.9, "bicubic", "soft")
     assert record["top1"] == round(100 * (logits.argmax(-1) == labels).float().mean().item(), 4)
     assert record["loss"] == pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-5)
+
+
+def test_a_vitmix_checkpoint_by_model_name_is_built_from_its_metadata(runs):
+    """--model NAME --checkpoint RUN/best.safetensors: the file's metadata gives the options, size, classes and
+    data config, so the score is the run's."""
+    run = runs["digits"]
+    by_name = validate(run / "best.safetensors", model=MODEL, data="digits")
+    by_run = validate(run)
+    assert {k: by_name[k] for k in ("top1", "top5", "loss", "img_size", "crop_pct", "interpolation", "images")} == {
+        k: by_run[k] for k in ("top1", "top5", "loss", "img_size", "crop_pct", "interpolation", "images")}

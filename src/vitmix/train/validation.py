@@ -41,6 +41,8 @@ def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool =
     the run's; with ``model`` and ``data_dir`` only: an image folder, as timm's ``validate.py``),
     preprocessed from the model's data config overridden by ``preprocessing`` (timm's names:
     :data:`PREPROCESSING`). Returns timm's result keys (:data:`TIMM_KEYS`), then :data:`VITMIX_KEYS`."""
+    from ..runs import parse_device
+
     pre = _check_preprocessing({k: v for k, v in (preprocessing or {}).items() if v is not None})
     for flag, value in (("--batch-size", batch_size), ("--num-classes", num_classes)):
         if value is not None and value <= 0:
@@ -62,7 +64,7 @@ def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool =
         val_set, classes, chans = _val_set(data, data_dir, 224, None)
         net, meta, source = _build_model(model, pretrained, (mixer, mixer_options), num_classes, model_options,
                                          checkpoint, use_ema, (classes, chans), pre)
-        net, name = net.to(_device(device)), model
+        net, name, mixer = net.to(parse_device(device)), model, mixer or meta.get("mixer")
     config = _preprocessing(net, name, meta, val_set, pre)
     _check_fit(net, name, meta if model is None else None, data, classes, chans, config)
     metrics, params = _measure(net, val_set, batch_size, workers, amp), sum(p.numel() for p in net.parameters())
@@ -262,17 +264,30 @@ def _image_folder(data_dir: Optional[str]):
 
 # --- the model ------------------------------------------------------------------------------------------------
 
-def _device(device: Optional[str]):
-    from ..runs import parse_device
-
-    return parse_device(device)
+def _model_kwargs(meta: dict, pretrained: bool, num_classes: Optional[int], model_options: Optional[dict],
+                  mixer: tuple, data: tuple, pre: dict) -> dict:
+    """The constructor arguments of ``--model``: what the user gave (``--num-classes``, ``--input-size`` /
+    ``--img-size``, ``--model-kwargs``, ``--mixer``), else what a vitmix checkpoint's metadata records,
+    else the data's classes and channels (with ``pretrained``: the pretrained model's own)."""
+    classes, chans = data
+    size = tuple(pre["input_size"]) if "input_size" in pre else None
+    derived = dict(num_classes=num_classes or meta.get("num_classes") or (None if pretrained else classes),
+                   in_chans=size[0] if size else meta.get("in_chans") or (None if pretrained else chans),
+                   img_size=(size[1] if size[1] == size[2] else size[1:]) if size else pre.get("img_size")
+                   or meta.get("img_size"))
+    kwargs = {**(meta.get("model_options") or {}), **{k: v for k, v in derived.items() if v is not None},
+              **(model_options or {})}
+    for key, value in zip(("mixer", "mixer_options"), mixer):
+        if value or meta.get(key):
+            kwargs[key] = value or meta[key]
+    return kwargs
 
 
 def _build_model(name: str, pretrained: bool, mixer: tuple, num_classes: Optional[int],
                  model_options: Optional[dict], checkpoint, use_ema: bool, data: tuple, pre: dict):
     """``(model, meta, checkpoint path or None)``: ``--model NAME`` built as timm's ``validate.py`` does
     (``pretrained``, then the ``checkpoint``'s weights, strictly), with the classes, channels and size of
-    the checkpoint's vitmix metadata, else of ``pre`` and the data (``pretrained``: the pretrained model's)."""
+    :func:`_model_kwargs`."""
     import timm
 
     from ..models import create_model
@@ -290,16 +305,7 @@ def _build_model(name: str, pretrained: bool, mixer: tuple, num_classes: Optiona
     if checkpoint is not None:
         path = resolve_ema(checkpoint) if use_ema else resolve_checkpoint(checkpoint)
         state, meta = read_checkpoint(path, ema=use_ema)
-    classes, chans = data
-    size = tuple(pre["input_size"]) if "input_size" in pre else None
-    kwargs = dict(num_classes=num_classes or meta.get("num_classes") or (None if pretrained else classes),
-                  in_chans=size[0] if size else meta.get("in_chans") or (None if pretrained else chans),
-                  img_size=(size[1] if size[1] == size[2] else size[1:]) if size else pre.get("img_size")
-                  or meta.get("img_size"))
-    kwargs = {**{k: v for k, v in kwargs.items() if v is not None}, **(model_options or {})}   # the user's win
-    for key, value in zip(("mixer", "mixer_options"), mixer):
-        if value:
-            kwargs[key] = value
+    kwargs = _model_kwargs(meta, pretrained, num_classes, model_options, mixer, data, pre)
     try:
         if name.startswith(HUB_PREFIXES):   # timm reads the saved config (and mixer: vitmix's wrapped ViTs take it)
             model = timm.create_model(name, pretrained=pretrained, **kwargs)
