@@ -30,7 +30,7 @@ def test_the_task_comes_from_the_metadata_of_the_run_s_best_weights(tmp_path):
     assert checkpoint_task(run / "last.safetensors") == CLASSIFICATION          # records no task: a classifier
     assert load_meta(run / "best.safetensors") == {"model": "m", "task": "segmentation"}
     assert evaluator(run) is importlib.import_module("vitmix.dense.cli").eval_dense
-    assert evaluator(run / "last.safetensors") is importlib.import_module("vitmix.train.cli").eval_classifier
+    assert evaluator(run / "last.safetensors") is importlib.import_module("vitmix.train.evaluate").eval_classifier
 
 
 @pytest.mark.parametrize("name, content", [("nope.safetensors", None), ("broken.safetensors", b"\x00" * 5),

@@ -367,7 +367,7 @@ def test_eval_corruption_errors_come_before_any_work(run, tmp_path, monkeypatch,
     cases = {"Did you mean: gaussian_noise": [str(run), "--corruptions", "gausian_noise"],
              "from 1 to 5": [str(run), "--corruptions", "all", "--severities", "1,7"],
              "add --corruptions": [str(run), "--severities", "1"],
-             "give one checkpoint": ["--corruptions", "all"],
+             "give a run directory or checkpoint": ["--corruptions", "all"],
              "two different checkpoints": [str(run), "--checkpoint", str(tmp_path), "--corruptions", "all"],
              "is a file": [str(run), "--corruptions", "all", "--out", str(run / "config.yaml")],
              "does not exist": [str(tmp_path / "nope.safetensors"), "--corruptions", "all"]}

@@ -74,8 +74,9 @@ def test_eval_reports_top5_and_writes_a_results_file(run, tmp_path, capsys):
     assert main(["eval", str(out), "--results-file", str(results)]) == 0
     line = capsys.readouterr().out
     saved = json.loads(results.read_text())
-    assert f"val acc {saved['val_acc']:.2f}%, top-5 {saved['val_acc_top5']:.2f}%" in line
-    assert saved["val_acc"] <= saved["val_acc_top5"] <= 100 and saved["val_images"] == 360
+    assert f"top-1 {saved['top1']:.2f}%, top-5 {saved['top5']:.2f}%" in line
+    assert saved["top1"] <= saved["top5"] <= 100 and saved["images"] == 360
+    assert (saved["top1_err"], saved["top5_err"]) == pytest.approx((100 - saved["top1"], 100 - saved["top5"]))
     assert saved["model"] == "vit_nano_patch4_32" and saved["checkpoint"].endswith("best.safetensors")
 
 

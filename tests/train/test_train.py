@@ -40,7 +40,7 @@ def test_eval_reloads_the_best_checkpoint(run, capsys):
     result = evaluate_checkpoint(out)
     assert result["val_acc"] == pytest.approx(summary["best_val_acc"])
     assert main(["eval", "--checkpoint", str(out / "last.safetensors")]) == 0
-    assert "val acc" in capsys.readouterr().out
+    assert "top-1 " in capsys.readouterr().out
 
 
 def test_cpu_runs_repeat_exactly_with_the_same_seed(tmp_path):

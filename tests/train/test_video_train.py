@@ -42,6 +42,11 @@ def test_vitmix_train_on_moving_fashion_mnist_end_to_end(fashion_dir, tmp_path, 
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert result["val_images"] == 2000 and result["val_acc"] == pytest.approx(history[-1]["val_acc"])
     capsys.readouterr()
+    assert main(["eval", str(out), "--data-dir", str(fashion_dir), "--results-file", str(tmp_path / "r.json")]) == 0
+    record = json.loads((tmp_path / "r.json").read_text())      # `vitmix eval`: the same clips, timm's keys
+    assert record["top1"] == round(result["val_acc"], 4) and (record["img_size"], record["images"]) == (32, 2000)
+    assert main(["eval", str(out), "--crop-pct", "0.9"]) == 2
+    assert "is a video model whose clips are prepared by their dataset" in capsys.readouterr().err
     assert main(["eval", str(out), "--corruptions", "all"]) == 2
     assert "--corruptions perturbs images" in capsys.readouterr().err
     # resume to a longer schedule: the run continues from step 3 to 5

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from PIL import Image
-from timm.data import create_transform
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from torch.utils.data import DataLoader, Dataset
 
 from .._util import close_matches
@@ -162,9 +162,13 @@ def _fashion_mnist(data_dir, download, img_size, augment):
 
 # --- CIFAR through torchvision ------------------------------------------------------------------------------
 
+CIFAR10_INFO = DatasetInfo("cifar10", 10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+CIFAR100_INFO = replace(CIFAR10_INFO, name="cifar100", num_classes=100)
+
+
 def _cifar(num_classes: int):
-    name = f"cifar{num_classes}"
-    info = DatasetInfo(name, num_classes, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+    info = CIFAR10_INFO if num_classes == 10 else CIFAR100_INFO
+    name = info.name
 
     def build(data_dir, download, img_size, augment):
         import torchvision
@@ -192,6 +196,10 @@ def _cifar(num_classes: int):
 
 # --- ImageFolder: DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg ---------------------------------------
 
+#: ImageFolder data is normalised as ImageNet (timm's constants); its classes and size come from the folder
+IMAGEFOLDER_INFO = DatasetInfo("imagefolder", 0, 3, 0, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
+
+
 def _imagefolder(data_dir, download, img_size, augment):
     import torchvision
 
@@ -203,8 +211,7 @@ def _imagefolder(data_dir, download, img_size, augment):
         raise FileNotFoundError(f"{root} has no {' or '.join(s + '/' for s in missing)} folder; expected "
                                 f"{root}/train/<class>/* and {root}/val/<class>/*")
     probe = torchvision.datasets.ImageFolder(str(root / "train"))
-    info = DatasetInfo("imagefolder", len(probe.classes), 3, img_size, (0.485, 0.456, 0.406),
-                       (0.229, 0.224, 0.225), tuple(probe.classes))
+    info = replace(IMAGEFOLDER_INFO, num_classes=len(probe.classes), native_size=img_size, classes=tuple(probe.classes))
     t_train, t_val = _transforms(info, img_size, augment)
     train = torchvision.datasets.ImageFolder(str(root / "train"), transform=t_train)
     val = torchvision.datasets.ImageFolder(str(root / "val"), transform=t_val)

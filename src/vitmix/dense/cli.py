@@ -77,12 +77,17 @@ def run_eval(args) -> int:
                        getattr(args, "val_scenes", None), args.results_file)
 
 
+#: ``vitmix eval`` flags that only a classifier takes (its preprocessing, EMA, corruptions, CSV results)
+CLASSIFIER_EVAL_FLAGS = ("corruptions", "severities", "seed", "out", "data", "use_ema", "img_size", "input_size",
+                         "crop_pct", "crop_mode", "interpolation", "mean", "std", "results_format")
+
+
 def eval_dense(args, checkpoint: str) -> int:
     """``vitmix eval`` of a dense checkpoint (``runs/tasks.py`` routes it here): the classifier-only
     flags are refused, the rest mean what they mean for ``vitmix dense eval``."""
-    given = [flag for flag in ("corruptions", "severities", "seed", "out", "data") if getattr(args, flag) is not None]
+    given = [flag for flag in CLASSIFIER_EVAL_FLAGS if getattr(args, flag, None) not in (None, False)]
     if given:
-        raise ValueError(f"--{given[0]} is for classifiers; {checkpoint} is a `vitmix dense` run "
+        raise ValueError(f"--{given[0].replace('_', '-')} is for classifiers; {checkpoint} is a `vitmix dense` run "
                          "(see `vitmix dense eval --help`)")
     return report_eval(checkpoint, args.data_dir, args.batch_size, args.device, args.amp,
                        results_file=args.results_file)

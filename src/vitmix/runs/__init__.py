@@ -41,6 +41,7 @@ _EXPORTS = {
     "recorded_abort": ".directory:recorded_abort",
     "remove_stray_temporaries": ".directory:remove_stray_temporaries",
     "resolve_checkpoint": ".checkpoints:resolve_checkpoint",
+    "resolve_ema": ".checkpoints:resolve_ema",
     "resume_run": ".resume:resume_run",
     "resuming_line": ".resume:resuming_line",
     "rng_state": ".resume:rng_state",

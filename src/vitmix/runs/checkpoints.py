@@ -6,6 +6,8 @@ interrupted save never leaves a half-written checkpoint over a good one.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
 import hashlib
 import json
 import pickle
@@ -137,25 +139,56 @@ def is_safetensors(path: Path) -> bool:
     return Path(path).suffix == ".safetensors"
 
 
-def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+#: The keys of a torch checkpoint dict that hold its model weights, first match wins.
+WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "model_state")
+#: The keys that hold an EMA of them: timm ``train.py``'s, then older timm's and other trainers'.
+EMA_KEYS = ("state_dict_ema", "model_ema", "ema")
+#: The file a vitmix run keeps the EMA of its weights in (``--ema-decay``; a generator samples from it).
+EMA_FILE = "ema.safetensors"
+
+
+def read_checkpoint(path, ema: bool = False) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """``(state_dict, meta)`` of a checkpoint file: the one reader behind every entry point that takes
     weights (``--init-from``, ``eval``, ``load_model``, ``convert``, ``save_pretrained``, ``analyze``).
-    A safetensors file gives its vitmix metadata; a torch state dict (``.pt``/``.pth``; read with
-    ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper and DDP's ``module.``
-    prefix removed) gives ``meta = {}``. Unreadable files are a one-line ``ValueError``."""
+    A safetensors file gives its vitmix metadata; a torch state dict (``.pt``/``.pth``/timm's
+    ``.pth.tar``; read with ``weights_only=True``; a ``{"model": ...}``/``{"state_dict": ...}`` wrapper
+    and DDP's ``module.`` prefix removed) gives ``meta = {}``. ``ema``: the EMA weights instead
+    (:data:`EMA_KEYS` of a torch checkpoint, or a run's :data:`EMA_FILE`); a file without them, or an
+    unreadable one, is a one-line ``ValueError``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if is_safetensors(path):
-        return load_weights(path)
+        return load_weights(resolve_ema(path) if ema else path)
     obj = _torch_load(path, "checkpoint")
-    for key in ("model", "state_dict", "model_state_dict", "model_state"):
+    for key in EMA_KEYS if ema else WEIGHT_KEYS:
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
             break
+    else:
+        if ema:
+            raise ValueError(f"{path} holds no EMA weights (none of {', '.join(EMA_KEYS)}): it was saved without "
+                             "an EMA; evaluate it without --use-ema")
     if not isinstance(obj, dict):
         raise ValueError(f"{path} holds no state dict")
     return {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}, {}
+
+
+def resolve_ema(checkpoint) -> Path:
+    """The EMA weights of a run directory (its :data:`EMA_FILE`), or the file given: a run trained without
+    an EMA, or a safetensors file other than a run's EMA, is a one-line ``ValueError`` (a torch file's
+    EMA keys are looked up by :func:`read_checkpoint` with ``ema=True``)."""
+    path = Path(checkpoint)
+    if not path.is_dir():
+        if is_safetensors(resolve_checkpoint(path)) and path.name != EMA_FILE:
+            raise ValueError(f"{path} holds one set of weights, not an EMA: a vitmix run keeps its EMA in {EMA_FILE} "
+                             "(give the run directory or that file), a timm checkpoint in state_dict_ema")
+        return path
+    if not (path / EMA_FILE).is_file():
+        resolve_checkpoint(path)        # not a run at all: its own message
+        raise ValueError(f"{path} has no EMA weights ({EMA_FILE}): the run was trained without --ema-decay "
+                         "(--model-ema); evaluate it without --use-ema")
+    return path / EMA_FILE
 
 
 def read_state_dict(path) -> Dict[str, torch.Tensor]:
@@ -183,7 +216,8 @@ def _torch_load(path: Path, what: str):
     try:
         with warnings.catch_warnings():   # torch's note on foreign pickle protocols precedes our error
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(path, map_location="cpu", weights_only=True)
+            with _timm_args_allowed():
+                return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if "Weights only load failed" not in str(err):
             raise ValueError(f"{path} is not a loadable {what}: it is truncated or corrupt ({_first_line(err)})"
@@ -199,6 +233,14 @@ def _torch_load(path: Path, what: str):
     except Exception as err:  # torch raises several types for corrupt files (RuntimeError, EOFError, ...)
         raise ValueError(f"{path} is not a loadable {what}: it is empty, truncated or corrupt "
                          f"({_first_line(err)})") from None
+
+
+def _timm_args_allowed():
+    """timm's ``train.py`` saves its flags in a checkpoint as an ``argparse.Namespace`` (plain values): that
+    class, and no other, is allowed to ``weights_only`` loading (torch >= 2.5; before, such a file is
+    refused as pickled code, with the way to convert it)."""
+    allow = getattr(torch.serialization, "safe_globals", None)
+    return allow([argparse.Namespace]) if allow is not None else contextlib.nullcontext()
 
 
 def _first_line(err: Exception) -> str:
@@ -288,8 +330,9 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
     if not is_safetensors(path):
         raise ValueError(f"{path} is a torch state dict: weights without the vitmix metadata of their model, so "
                          "vitmix cannot rebuild it. Build the model (vitmix.create_model) and load them with "
-                         f"vitmix.runs.load_into(model, vitmix.runs.read_state_dict('{path}')), or start a run from "
-                         f"them with `vitmix train --init-from {path} --model NAME --mixer NAME`")
+                         f"vitmix.runs.load_into(model, vitmix.runs.read_state_dict('{path}')), evaluate them with "
+                         f"`vitmix eval --model NAME --checkpoint {path}`, or start a run from them with "
+                         f"`vitmix train --init-from {path} --model NAME --mixer NAME`")
     if missing:
         raise ValueError(f"{path} has no vitmix metadata ({', '.join(missing)} missing); was it written by "
                          "vitmix train? Build the model yourself and load it with load_into")
@@ -304,7 +347,8 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
 
 
 def known_dataset(data: Optional[str]):
-    """The ``DatasetInfo`` vitmix holds for ``data`` without reading it (digits, Fashion-MNIST), else None."""
+    """The ``DatasetInfo`` vitmix holds for ``data`` without reading it (its image datasets; the class
+    names of digits and Fashion-MNIST), else None."""
     from ..data import datasets
 
     infos = [v for v in vars(datasets).values() if isinstance(v, datasets.DatasetInfo) and v.name == data]
@@ -313,7 +357,8 @@ def known_dataset(data: Optional[str]):
 
 def run_data_config(meta: Dict[str, Any]) -> Dict[str, Any]:
     """The preprocessing a run trained with, as timm's ``pretrained_cfg`` keys: its channels and image size,
-    and for datasets vitmix knows without reading them the normalisation (evaluation resizes, no crop)."""
+    and for vitmix's image datasets (not video clips) the normalisation and the validation resize
+    (bilinear, no crop), so that ``vitmix eval`` preprocesses as the run validated."""
     size = int(meta["img_size"])
     config: Dict[str, Any] = dict(input_size=(int(meta["in_chans"]), size, size))
     info = known_dataset(meta.get("data"))

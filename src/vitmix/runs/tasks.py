@@ -15,7 +15,7 @@ CLASSIFICATION = "classification"
 #: A checkpoint's ``task`` metadata -> ``"module:function"`` evaluating it for ``vitmix eval``, called
 #: as ``function(args, checkpoint) -> exit status`` with the parsed ``vitmix eval`` arguments.
 EVALUATORS = {
-    CLASSIFICATION: "vitmix.train.cli:eval_classifier",
+    CLASSIFICATION: "vitmix.train.evaluate:eval_classifier",
     "segmentation": "vitmix.dense.cli:eval_dense",
     "detection": "vitmix.dense.cli:eval_dense",
 }

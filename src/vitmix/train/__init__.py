@@ -6,6 +6,7 @@ __getattr__, __dir__ = lazy_attributes(__name__, {
     "train": ".runner:train",
     "evaluate_checkpoint": ".runner:evaluate_checkpoint",
     "load_model": ".runner:load_model",
+    "validate": ".validation:validate",
 })
 
-__all__ = ["TrainConfig", "train", "evaluate_checkpoint", "load_model"]
+__all__ = ["TrainConfig", "train", "evaluate_checkpoint", "load_model", "validate"]

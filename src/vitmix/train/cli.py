@@ -1,12 +1,11 @@
-"""``vitmix train`` and ``vitmix eval``."""
+"""``vitmix train`` and ``vitmix eval`` (whose parser and code are :mod:`.evaluate`'s)."""
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from ..runs import flags
 from .config import TrainConfig
+from .evaluate import add_parser as add_eval_parser
 
 _HELP = {
     "model": "model name (see `vitmix models`)",
@@ -84,27 +83,7 @@ def add_parser(sub) -> None:
     add_config_flags(p)
     p.set_defaults(func=run_train)
 
-    e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset's validation split",
-                       description="Evaluate a checkpoint on a dataset's validation split; with --corruptions, "
-                                   "also under image corruptions (ImageNet-C family), written to "
-                                   "corruptions.md/.csv/.json/.png.")
-    e.add_argument("checkpoint_path", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="a .safetensors checkpoint or a run directory (its best.safetensors)")
-    e.add_argument("--checkpoint", help="the same, as a flag")
-    e.add_argument("--data", help="dataset (default: the one the checkpoint was trained on)")
-    e.add_argument("--data-dir")
-    e.add_argument("--batch-size", type=int, default=128)
-    e.add_argument("--device")
-    e.add_argument("--amp", action="store_true", help="bf16 autocast")
-    e.add_argument("--results-file", metavar="PATH", help="also write the result as JSON to PATH (as timm's "
-                                                           "validate.py does)")
-    e.add_argument("--corruptions", metavar="all|NAME,NAME",
-                   help="also evaluate under these corruptions (names and parameters: docs/robustness.md)")
-    e.add_argument("--severities", metavar="1,2,3", help="corruption severities, 1..5 (default: 1,2,3,4,5)")
-    e.add_argument("--seed", type=int, help="seed of the corruptions' random noise (default: 0)")
-    e.add_argument("--out", metavar="DIR", help="corruption report directory (default: the run directory, "
-                                                "or the checkpoint's folder)")
-    e.set_defaults(func=run_eval)
+    add_eval_parser(sub)
 
 
 #: fields whose default (``None``) does not tell the flag's type
@@ -215,87 +194,4 @@ def run_train(args) -> int:
     from .runner import train
 
     train(config_from_args(args))
-    return 0
-
-
-def run_eval(args) -> int:
-    """``vitmix eval``: the checkpoint's task picks its evaluator (``runs/tasks.py``)."""
-    from ..runs.tasks import evaluator
-
-    checkpoint = _eval_checkpoint(args)
-    return evaluator(checkpoint)(args, checkpoint)
-
-
-def eval_classifier(args, checkpoint: str) -> int:
-    """``vitmix eval`` of a classifier: validation accuracy, or the corruption report."""
-    from .runner import evaluate_checkpoint
-
-    if args.corruptions is not None:
-        if args.results_file is not None:
-            raise ValueError("--results-file is for the plain evaluation; with --corruptions the results go to "
-                             "corruptions.json in --out")
-        return _run_corruptions(args, checkpoint)
-    given = [flag for flag in ("severities", "seed", "out") if getattr(args, flag) is not None]
-    if given:
-        raise ValueError(f"--{given[0]} sets up the corruption report: add --corruptions all (or names)")
-    results_file = _results_file(args.results_file)
-    r = evaluate_checkpoint(checkpoint, args.data, args.data_dir, args.batch_size, args.device, args.amp)
-    top5 = f", top-5 {r['val_acc_top5']:.2f}%" if "val_acc_top5" in r else ""
-    print(f"{r['model']} (mixer={r['mixer'] or 'default'}) on {r['data']}: val acc {r['val_acc']:.2f}%{top5} "
-          f"({r['val_images']} images), val loss {r['val_loss']:.4f}  [{r['checkpoint']}]")
-    if results_file is not None:
-        results_file.write_text(json.dumps(r, indent=2) + "\n")
-    return 0
-
-
-def _results_file(path):
-    """``--results-file``, checked before any work: a file in an existing folder."""
-    if path is None:
-        return None
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"--results-file {path} is a directory; give a file name such as {path / 'results.json'}")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"--results-file {path}: the folder {path.parent} does not exist")
-    return path
-
-
-def _eval_checkpoint(args) -> str:
-    """The checkpoint given positionally or with --checkpoint (one of them, or both the same)."""
-    given = {c for c in (args.checkpoint_path, args.checkpoint) if c}
-    if len(given) != 1:
-        raise ValueError("give one checkpoint: vitmix eval RUN_DIR_OR_CHECKPOINT" if not given else
-                         f"two different checkpoints given ({' and '.join(sorted(given))}); give one")
-    return given.pop()
-
-
-def _run_corruptions(args, checkpoint: str) -> int:
-    """``vitmix eval --corruptions``: every name, severity and path is checked before any work."""
-    from ..data.corruptions import parse_corruptions, parse_severities
-    from .robustness import (
-        REPORT_FILES, corruption_summary, corruption_table, default_report_dir, evaluate_checkpoint_corruptions,
-        write_corruption_report,
-    )
-    from ..runs import check_output_dir
-    from .runner import resolve_checkpoint
-
-    names = parse_corruptions(args.corruptions)
-    severities = parse_severities(args.severities if args.severities is not None else "1,2,3,4,5")
-    resolve_checkpoint(checkpoint)                      # a missing checkpoint fails here, before the data
-    out = Path(args.out) if args.out else default_report_dir(checkpoint)
-    if args.out:          # a folder given must be new, empty, a run's or hold an earlier report
-        check_output_dir(out, ("corruptions.json", "config.yaml"), "corruption report")
-    elif not (out / "corruptions.json").is_file():    # the checkpoint's folder: never over files of yours
-        theirs = [name for name in REPORT_FILES if (out / name).exists()]
-        if theirs:
-            raise ValueError(f"{out} holds {theirs[0]}, which no corruption report wrote: give --out DIR for "
-                             "the report, so that no file of yours is overwritten")
-    result = evaluate_checkpoint_corruptions(
-        checkpoint, data=args.data, data_dir=args.data_dir, device=args.device, corruptions=names,
-        severities=severities, seed=args.seed or 0, batch_size=args.batch_size, amp=args.amp)
-    paths = write_corruption_report(result, out)
-    print(f"{result['model']} (mixer={result['mixer'] or 'default'}) on {result['data']}  [{result['checkpoint']}]")
-    print(corruption_table(result))
-    print(corruption_summary(result))
-    print(f"report: {paths['corruptions.md']} (+ .csv, .json, .png)")
     return 0
