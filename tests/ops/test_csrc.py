@@ -100,6 +100,26 @@ def test_cache_key_covers_every_included_header(monkeypatch, tmp_path):
     assert kernel.record_path("cc") != edited
 
 
+@pytest.mark.parametrize("kernel", LIBRARIES, ids=lambda k: k.name)
+def test_cache_key_covers_every_file_a_library_includes(kernel, tmp_path):
+    """Each file a library is built from, included by its .c or through another header (vec_typed.h through
+    dtype_f32.h; the landmark layers' shared headers from ops/csrc), gives a new cache entry when edited."""
+    folders = []
+    for i, folder in enumerate((kernel.folder, *kernel.include_dirs)):
+        shutil.copytree(folder, tmp_path / str(i))
+        folders.append(str(tmp_path / str(i)))
+    copy = CKernel(kernel.name, kernel.source, kernel.prototypes, folder=folders[0], include_dirs=folders[1:])
+    CKernel.instances.remove(copy)
+    paths = includes(kernel.source, folders[0], folders[1:])
+    assert {"vec_typed.h", "dtype_end.h", kernel.source[:-2] + ".h"} <= {os.path.basename(p) for p in paths}
+    keys = [copy.record_path("cc")]
+    for path in paths:
+        with open(path, "a") as fh:
+            fh.write("/* edited */\n")
+        keys.append(copy.record_path("cc"))
+    assert len(set(keys)) == len(paths) + 1
+
+
 def test_a_missing_header_is_one_clear_error(tmp_path):
     (tmp_path / "lib.c").write_text('#include "nowhere.h"\n')
     with pytest.raises(FileNotFoundError, match="lib.c includes nowhere.h, found in none of"):

@@ -10,9 +10,11 @@
 #include "newton.h"
 
 #include "dtype_f32.h"
+#include "gemm_typed.h"
 #include "newton_typed.h"
 #include "dtype_end.h"
 
 #include "dtype_f64.h"
+#include "gemm_typed.h"
 #include "newton_typed.h"
 #include "dtype_end.h"

@@ -1,48 +1,39 @@
 /* The training backwards of LaplacianFormer's and SOFT's token mixing for one dtype (see landmark_layers.c;
- * uses the static helpers of nystrom_core_typed.h and landmark_layers_typed.h). */
-/* c (n, p) = a (n, k) b (p, k)^T: b transposed into bt (k x p scratch), then gemm (dot products of rows
- * would end in one horizontal sum per element) */
-static void SFX(mmt)(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p,
-                    TYPE *restrict bt) {
-    for (int64_t j = 0; j < p; ++j)
-        for (int64_t l = 0; l < k; ++l) bt[l * p + j] = b[j * k + l];
-    SFX(gemm)(a, k, 1, bt, c, n, k, p);
-}
-
+ * uses the static helpers of gemm_typed.h, nystrom_core_typed.h and landmark_layers_typed.h). */
 /* gx (n, d), gy (m, d) += the gradient of K = exp(-scale |x_i - y_j|_1) (n x m) from dK: with P = scale dK K
  * (written to p, n x m), gx_i -= sum_j P_ij sign(x_i - y_j) and gy_j += sum_i P_ij sign(x_i - y_j), sign(0) = 0.
- * Rows of x go four at a time over FJB-wide channel blocks: their gradients stay in registers over all j and
+ * Rows of x go four at a time over JB-wide channel blocks: their gradients stay in registers over all j and
  * each y_j block is loaded once for four rows (the L1 backward is the layer's largest elementwise pass). */
 static void SFX(l1_kernel_grad)(const TYPE *x, const TYPE *y, const TYPE *K, const TYPE *dK, TYPE *gx, TYPE *gy,
                                TYPE *p, int64_t n, int64_t m, int64_t d, TYPE scale) {
     for (int64_t e = 0; e < n * m; ++e) p[e] = scale * dK[e] * K[e];
-    const int64_t dvec = d / FJB * FJB;
-    const SFX(FVEC) zero = {0};
+    const int64_t dvec = d / JB * JB;
+    const SFX(vec) zero = {0};
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const int64_t rows = n - i0 < 4 ? n - i0 : 4;
         const TYPE *pr[4];
         for (int64_t r = 0; r < 4; ++r) pr[r] = p + (i0 + (r < rows ? r : 0)) * m;   /* missing rows: weight 0 */
-        for (int64_t c0 = 0; c0 < dvec; c0 += FJB) {
-            SFX(FVEC) xr[4], ax[4] = {{0}}, yv, t, pv, sg;
+        for (int64_t c0 = 0; c0 < dvec; c0 += JB) {
+            SFX(vec) xr[4], ax[4] = {{0}}, yv, t, pv, sg;
             for (int64_t r = 0; r < 4; ++r) memcpy(&xr[r], x + (i0 + (r < rows ? r : 0)) * d + c0, sizeof yv);
             for (int64_t j = 0; j < m; ++j) {
-                SFX(FVEC) ay = {0};
+                SFX(vec) ay = {0};
                 memcpy(&yv, y + j * d + c0, sizeof yv);
                 for (int64_t r = 0; r < 4; ++r) {
                     pv = zero + (r < rows ? pr[r][j] : (TYPE)0);
                     t = xr[r] - yv;
-                    sg = (SFX(FVEC))(((SFX(FIVEC))(t > zero) & (SFX(FIVEC))pv)) -
-                         (SFX(FVEC))(((SFX(FIVEC))(t < zero) & (SFX(FIVEC))pv));        /* sign(t) P, sign(0) = 0 */
+                    sg = (SFX(vec))(((SFX(ivec))(t > zero) & (SFX(ivec))pv)) -
+                         (SFX(vec))(((SFX(ivec))(t < zero) & (SFX(ivec))pv));        /* sign(t) P, sign(0) = 0 */
                     ax[r] -= sg;
                     ay += sg;
                 }
-                SFX(FVEC) gv;
+                SFX(vec) gv;
                 memcpy(&gv, gy + j * d + c0, sizeof gv);
                 gv += ay;
                 memcpy(gy + j * d + c0, &gv, sizeof gv);
             }
             for (int64_t r = 0; r < rows; ++r) {
-                SFX(FVEC) gv;
+                SFX(vec) gv;
                 memcpy(&gv, gx + (i0 + r) * d + c0, sizeof gv);
                 gv += ax[r];
                 memcpy(gx + (i0 + r) * d + c0, &gv, sizeof gv);
@@ -64,10 +55,10 @@ static void SFX(l1_kernel_grad)(const TYPE *x, const TYPE *y, const TYPE *K, con
 static void SFX(pool_grid_grad)(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d,
                                int64_t stride) {
     for (int64_t a = 0; a < oh; ++a) {
-        int64_t r0 = a * stride, r1 = r0 + stride, c0, c1;
-        if (!stride) SFX(window)(a, H, oh, &r0, &r1);
+        int64_t r0, r1, c0, c1;
+        SFX(window)(a, H, oh, stride, &r0, &r1);
         for (int64_t b = 0; b < ow; ++b) {
-            if (stride) { c0 = b * stride; c1 = c0 + stride; } else SFX(window)(b, W, ow, &c0, &c1);
+            SFX(window)(b, W, ow, stride, &c0, &c1);
             const TYPE inv = (TYPE)1 / (TYPE)((r1 - r0) * (c1 - c0));
             const TYPE *gj = gp + (a * ow + b) * d;
             for (int64_t r = r0; r < r1; ++r)
@@ -82,35 +73,18 @@ static void SFX(pool_grid_grad)(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, 
  * for a shared filter, and gb (d) unless NULL are written (sums over the grid positions and shared channels). */
 static int SFX(local_conv_grad)(const TYPE *v, const TYPE *g, const TYPE *w, int64_t wstride, TYPE *gv, TYPE *gw,
                                TYPE *gb, int64_t H, int64_t W, int64_t d, int64_t ksize) {
-    const int64_t pad = ksize / 2, taps = ksize * ksize;
+    const int64_t taps = ksize * ksize;
     TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(2 * taps * d));
     if (!wt) return 1;
     TYPE *gwt = wt + taps * d;
-    for (int64_t t = 0; t < taps; ++t)
-        for (int64_t c = 0; c < d; ++c) { wt[t * d + c] = w[c * wstride + t]; gwt[t * d + c] = 0; }
-    if (gb)
+    SFX(conv_taps)(w, wstride, wt, taps, d);
+    memset(gwt, 0, sizeof(TYPE) * (size_t)(taps * d));
+    if (gb) {
         for (int64_t c = 0; c < d; ++c) gb[c] = 0;
-    for (int64_t r = 0; r < H; ++r)
-        for (int64_t cc = 0; cc < W; ++cc) {
-            const TYPE *restrict gi = g + (r * W + cc) * d;
-            if (gb)
-                for (int64_t c = 0; c < d; ++c) gb[c] += gi[c];
-            for (int64_t dy = 0; dy < ksize; ++dy) {
-                const int64_t rr = r + dy - pad;
-                if (rr < 0 || rr >= H) continue;
-                for (int64_t dx = 0; dx < ksize; ++dx) {
-                    const int64_t xx = cc + dx - pad;
-                    if (xx < 0 || xx >= W) continue;
-                    const int64_t t = dy * ksize + dx;
-                    const TYPE *restrict vi = v + (rr * W + xx) * d, *restrict wk = wt + t * d;
-                    TYPE *restrict gvi = gv + (rr * W + xx) * d, *restrict gk = gwt + t * d;
-                    for (int64_t c = 0; c < d; ++c) {
-                        gvi[c] += wk[c] * gi[c];
-                        gk[c] += gi[c] * vi[c];
-                    }
-                }
-            }
-        }
+        for (int64_t e = 0; e < H * W; ++e)
+            for (int64_t c = 0; c < d; ++c) gb[c] += g[e * d + c];
+    }
+    SFX(conv_pass)(v, wt, g, gv, gwt, H, W, d, ksize);
     for (int64_t t = 0; t < taps; ++t) {
         if (!wstride) gw[t] = 0;
         for (int64_t c = 0; c < d; ++c) {
@@ -201,7 +175,7 @@ int64_t SFX(vitmix_laplacian_mix_backward)(const TYPE *y, const TYPE *gout, cons
                                           int64_t B, int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads,
                                           int64_t d, int64_t mh, int64_t mw, TYPE scale, TYPE norm_eps, TYPE contrast,
                                           int64_t ksize, int nthreads) {
-    const int64_t C = heads * d, m = mh * mw, mk = (m + FJB - 1) / FJB * FJB, taps = ksize * ksize;
+    const int64_t C = heads * d, m = mh * mw, mk = (m + JB - 1) / JB * JB, taps = ksize * ksize;
     int64_t failed = 0;
     (void)nthreads;                        /* only the OpenMP pragma reads it */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
@@ -241,12 +215,9 @@ int64_t SFX(vitmix_laplacian_mix_backward)(const TYPE *y, const TYPE *gout, cons
                                           dconv_w + sl * d * taps, dconv_b + sl * d, H, W, d, ksize);
         }
         if (!err) {
-            TYPE *yb = dy + b * n * 3 * C;
-            for (int64_t i = 0; i < n; ++i) {
-                memcpy(yb + i * 3 * C + h * d, dq + i * d, sizeof(TYPE) * (size_t)d);
-                memcpy(yb + i * 3 * C + C + h * d, dk + i * d, sizeof(TYPE) * (size_t)d);
-                memcpy(yb + i * 3 * C + 2 * C + h * d, dv + i * d, sizeof(TYPE) * (size_t)d);
-            }
+            SFX(scatter_head)(dq, dy, b, n, 3 * C, h * d, d);
+            SFX(scatter_head)(dk, dy, b, n, 3 * C, C + h * d, d);
+            SFX(scatter_head)(dv, dy, b, n, 3 * C, 2 * C + h * d, d);
         }
         failed += err;
         free(buf);
@@ -336,7 +307,7 @@ int64_t SFX(vitmix_soft_mix_backward)(const TYPE *qp, const TYPE *vp, const TYPE
                                      TYPE *dconv_w, int64_t B, int64_t n, int64_t prefix, int64_t H, int64_t W,
                                      int64_t heads, int64_t d, int64_t mh, int64_t mw, int64_t s, int pool_first,
                                      TYPE scale, int norm, int64_t ksize, int nthreads) {
-    const int64_t C = heads * d, m = mh * mw, mk = (m + FJB - 1) / FJB * FJB, gh = mh * s, gw = mw * s;
+    const int64_t C = heads * d, m = mh * mw, mk = (m + JB - 1) / JB * JB, gh = mh * s, gw = mw * s;
     const int64_t taps = ksize * ksize, wide = n > m ? n : m;
     int64_t failed = 0;
     TYPE *lmt = lm_w ? SFX(soft_conv_taps)(lm_w, s, d) : NULL;

@@ -1,9 +1,10 @@
 /* LaplacianFormer's and SOFT's whole token mixing for one dtype (see landmark_layers.c): qkv gather, landmark
  * pooling or conv + LayerNorm + GELU, the Nystrom slice of nystrom_core_typed.h, the local conv, head merge. */
-/* the bounds [floor(i n / o), ceil((i + 1) n / o)) of window i of o over n cells (F.adaptive_avg_pool2d's) */
-static void SFX(window)(int64_t i, int64_t n, int64_t o, int64_t *lo, int64_t *hi) {
-    *lo = (i * n) / o;
-    *hi = ((i + 1) * n + o - 1) / o;
+/* the cells [lo, hi) of window i of o over n cells: the stride x stride tile i when stride > 0 (as avg_pool2d),
+ * else [floor(i n / o), ceil((i + 1) n / o)) (F.adaptive_avg_pool2d's) */
+static void SFX(window)(int64_t i, int64_t n, int64_t o, int64_t stride, int64_t *lo, int64_t *hi) {
+    *lo = stride ? i * stride : (i * n) / o;
+    *hi = stride ? *lo + stride : ((i + 1) * n + o - 1) / o;
 }
 
 /* pooled (oh * ow, d) = window means of the H x W grid rows of x (row stride d): adaptive windows, or with
@@ -11,10 +12,10 @@ static void SFX(window)(int64_t i, int64_t n, int64_t o, int64_t *lo, int64_t *h
 static void SFX(pool_grid)(const TYPE *x, TYPE *pooled, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d,
                           int64_t stride) {
     for (int64_t a = 0; a < oh; ++a) {
-        int64_t r0 = a * stride, r1 = r0 + stride, c0, c1;
-        if (!stride) SFX(window)(a, H, oh, &r0, &r1);
+        int64_t r0, r1, c0, c1;
+        SFX(window)(a, H, oh, stride, &r0, &r1);
         for (int64_t b = 0; b < ow; ++b) {
-            if (stride) { c0 = b * stride; c1 = c0 + stride; } else SFX(window)(b, W, ow, &c0, &c1);
+            SFX(window)(b, W, ow, stride, &c0, &c1);
             TYPE *pj = pooled + (a * ow + b) * d;
             for (int64_t c = 0; c < d; ++c) pj[c] = 0;
             for (int64_t r = r0; r < r1; ++r)
@@ -26,33 +27,59 @@ static void SFX(pool_grid)(const TYPE *x, TYPE *pooled, int64_t H, int64_t W, in
     }
 }
 
-/* o (grid rows, d) += the depthwise ksize x ksize conv (zero padding) of the H x W grid rows of v: channel c
- * uses the filter at w + c * wstride (wstride = ksize^2: one per channel; 0: one shared by all d, SOFT's
- * per-head filter) and bias[c] if bias. The taps are first laid out as (ksize^2, d) so that the inner loop
- * runs over contiguous channels. */
-static int SFX(local_conv)(const TYPE *v, TYPE *o, const TYPE *w, int64_t wstride, const TYPE *bias, int64_t H,
-                          int64_t W, int64_t d, int64_t ksize) {
-    const int64_t pad = ksize / 2, taps = ksize * ksize;
-    TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(taps * d));
-    if (!wt) return 1;
+/* wt (ksize^2, d) = the taps of the depthwise filters: channel c's filter at w + c * wstride (wstride = ksize^2:
+ * one per channel; 0: one shared by all d, SOFT's per-head filter), laid out so that the conv's inner loops run
+ * over contiguous channels */
+static void SFX(conv_taps)(const TYPE *w, int64_t wstride, TYPE *wt, int64_t taps, int64_t d) {
     for (int64_t t = 0; t < taps; ++t)
         for (int64_t c = 0; c < d; ++c) wt[t * d + c] = w[c * wstride + t];
+}
+
+/* The depthwise ksize x ksize conv (zero padding) of the H x W grid rows (d channels) with taps wt (ksize^2, d),
+ * one loop for both directions: every cell, then every tap whose neighbour lies inside the grid. Forward
+ * (g NULL): o[cell] += wt[tap] v[neighbour]. Backward (g: the gradient of the forward's o): o[neighbour] +=
+ * wt[tap] g[cell] (v's gradient) and gwt[tap] += g[cell] v[neighbour] (the taps'). */
+static void SFX(conv_pass)(const TYPE *v, const TYPE *wt, const TYPE *g, TYPE *o, TYPE *gwt, int64_t H, int64_t W,
+                          int64_t d, int64_t ksize) {
+    const int64_t pad = ksize / 2;
     for (int64_t r = 0; r < H; ++r)
         for (int64_t cc = 0; cc < W; ++cc) {
-            TYPE *restrict oi = o + (r * W + cc) * d;
-            if (bias)
-                for (int64_t c = 0; c < d; ++c) oi[c] += bias[c];
+            const int64_t cell = (r * W + cc) * d;
             for (int64_t dy = 0; dy < ksize; ++dy) {
                 const int64_t rr = r + dy - pad;
                 if (rr < 0 || rr >= H) continue;
                 for (int64_t dx = 0; dx < ksize; ++dx) {
                     const int64_t xx = cc + dx - pad;
                     if (xx < 0 || xx >= W) continue;
-                    const TYPE *restrict vi = v + (rr * W + xx) * d, *restrict wk = wt + (dy * ksize + dx) * d;
-                    for (int64_t c = 0; c < d; ++c) oi[c] += wk[c] * vi[c];
+                    const int64_t t = dy * ksize + dx, nb = (rr * W + xx) * d;
+                    const TYPE *restrict vi = v + nb, *restrict wk = wt + t * d;
+                    if (!g) {
+                        TYPE *restrict oi = o + cell;
+                        for (int64_t c = 0; c < d; ++c) oi[c] += wk[c] * vi[c];
+                    } else {
+                        const TYPE *restrict gi = g + cell;
+                        TYPE *restrict gvi = o + nb, *restrict gk = gwt + t * d;
+                        for (int64_t c = 0; c < d; ++c) {
+                            gvi[c] += wk[c] * gi[c];
+                            gk[c] += gi[c] * vi[c];
+                        }
+                    }
                 }
             }
         }
+}
+
+/* o (grid rows, d) += bias (d) if bias, then the depthwise ksize x ksize conv (zero padding) of the H x W grid
+ * rows of v with the filters w (see conv_taps). Nonzero when out of memory. */
+static int SFX(local_conv)(const TYPE *v, TYPE *o, const TYPE *w, int64_t wstride, const TYPE *bias, int64_t H,
+                          int64_t W, int64_t d, int64_t ksize) {
+    TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(ksize * ksize * d));
+    if (!wt) return 1;
+    SFX(conv_taps)(w, wstride, wt, ksize * ksize, d);
+    if (bias)
+        for (int64_t e = 0; e < H * W; ++e)
+            for (int64_t c = 0; c < d; ++c) o[e * d + c] += bias[c];
+    SFX(conv_pass)(v, wt, NULL, o, NULL, H, W, d, ksize);
     free(wt);
     return 0;
 }
@@ -63,6 +90,12 @@ static void SFX(gather_head)(const TYPE *x, TYPE *dst, int64_t b, int64_t n, int
     const TYPE *xb = x + b * n * stride + col;
     for (int64_t i = 0; i < n; ++i)
         for (int64_t c = 0; c < d; ++c) dst[i * d + c] = scale * xb[i * stride + c];
+}
+
+/* src (n, d) into rows [0, n) of column block col of x (B, n, stride) for batch b: gather_head's inverse */
+static void SFX(scatter_head)(const TYPE *src, TYPE *x, int64_t b, int64_t n, int64_t stride, int64_t col, int64_t d) {
+    TYPE *xb = x + b * n * stride + col;
+    for (int64_t i = 0; i < n; ++i) memcpy(xb + i * stride, src + i * d, sizeof(TYPE) * (size_t)d);
 }
 
 /* LaplacianFormer's whole token mixing, per (batch, head) slice, from the fused qkv
@@ -97,8 +130,7 @@ int64_t SFX(vitmix_laplacian_mix)(const TYPE *y, const TYPE *conv_w, const TYPE 
         if (!err && ksize > 0)
             err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
                                  conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
-        if (!err)
-            for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
+        if (!err) SFX(scatter_head)(o, out, b, n, C, h * d, d);
         failed += err;
         free(buf);
     }
@@ -208,8 +240,7 @@ int64_t SFX(vitmix_soft_mix)(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, c
         int err = SFX(slice)(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, keep);
         if (!err && ksize > 0)
             err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
-        if (!err)
-            for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
+        if (!err) SFX(scatter_head)(o, out, b, n, C, h * d, d);
         failed += err;
         free(buf);
     }
