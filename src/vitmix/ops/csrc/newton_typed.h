@@ -73,32 +73,45 @@ static void SFX(ns_solve_padded)(const TYPE *w, TYPE *out, int64_t m, int64_t mp
     SFX(ns_iterate)(p, v, t, u, out, m, mp, iters);
 }
 
+/* one call's arguments, read by its work items (one matrix each) */
+typedef struct {
+    const TYPE *A;                      /* vitmix_ns: P */
+    TYPE *V;
+    int64_t m, mp, iters;
+    TYPE eps;
+    int rule;
+} SFX(ns_args);
+
+static void SFX(ns_solve_item)(void *ctx, int64_t b, void *scratch) {
+    const SFX(ns_args) *args = (const SFX(ns_args) *)ctx;
+    const int64_t m = args->m, mp = args->mp;
+    memset(scratch, 0, sizeof(TYPE) * (size_t)(5 * mp * mp));
+    SFX(ns_solve_padded)(args->A + b * m * m, args->V + b * m * m, m, mp, args->eps, args->iters, args->rule,
+                         (TYPE *)scratch);
+}
+
 /* Newton-Schulz from each matrix of A (B, m, m) into V (ns_solve_padded) */
 void SFX(vitmix_ns_solve)(const TYPE *A, TYPE *V, int64_t B, int64_t m, TYPE eps, int64_t iters, int rule,
                          int nthreads) {
-    const int64_t mp = (m + JB - 1) / JB * JB;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t b = 0; b < B; ++b) {
-        TYPE *buf = (TYPE *)calloc((size_t)(5 * mp * mp), sizeof(TYPE));
-        SFX(ns_solve_padded)(A + b * m * m, V + b * m * m, m, mp, eps, iters, rule, buf);
-        free(buf);
+    const SFX(ns_args) args = {A, V, m, (m + JB - 1) / JB * JB, iters, eps, rule};
+    parallel_for(SFX(ns_solve_item), (void *)&args, B, nthreads, sizeof(TYPE) * (size_t)(5 * args.mp * args.mp));
+}
+
+/* iters steps from each V0 of V (B, m, m) with the matrices P (B, m, m) on zero-padded copies (zeros beyond m
+ * stay zero through the iteration) */
+static void SFX(ns_item)(void *ctx, int64_t b, void *scratch) {
+    const SFX(ns_args) *args = (const SFX(ns_args) *)ctx;
+    const int64_t m = args->m, mp = args->mp;
+    TYPE *p = (TYPE *)scratch, *v = p + mp * mp, *t = p + 2 * mp * mp, *u = p + 3 * mp * mp;
+    memset(p, 0, sizeof(TYPE) * (size_t)(4 * mp * mp));
+    for (int64_t i = 0; i < m; ++i) {
+        memcpy(p + i * mp, args->A + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
+        memcpy(v + i * mp, args->V + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
     }
+    SFX(ns_iterate)(p, v, t, u, args->V + b * m * m, m, mp, args->iters);
 }
 
 void SFX(vitmix_ns)(const TYPE *P, TYPE *V, int64_t B, int64_t m, int64_t iters, int nthreads) {
-    const int64_t mp = (m + JB - 1) / JB * JB;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t b = 0; b < B; ++b) {
-        /* padded copies (zeros beyond m stay zero through the iteration) */
-        TYPE *buf = (TYPE *)calloc((size_t)(4 * mp * mp), sizeof(TYPE));
-        TYPE *p = buf, *v = buf + mp * mp, *t = buf + 2 * mp * mp, *u = buf + 3 * mp * mp;
-        for (int64_t i = 0; i < m; ++i) {
-            memcpy(p + i * mp, P + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
-            memcpy(v + i * mp, V + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
-        }
-        SFX(ns_iterate)(p, v, t, u, V + b * m * m, m, mp, iters);
-        free(buf);
-    }
+    const SFX(ns_args) args = {P, V, m, (m + JB - 1) / JB * JB, iters, 0, 0};
+    parallel_for(SFX(ns_item), (void *)&args, B, nthreads, sizeof(TYPE) * (size_t)(4 * args.mp * args.mp));
 }

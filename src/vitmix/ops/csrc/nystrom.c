@@ -5,6 +5,7 @@
  * vitmix.ops.nystrom.c.
  */
 #include "vitmix_simd.h"
+#include "vitmix_parallel.h"
 #include "vitmix_exp.h"
 #include "newton.h"
 #include "nystrom.h"

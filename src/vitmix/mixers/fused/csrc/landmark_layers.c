@@ -7,6 +7,7 @@
  * intermediates. What each step computes is documented in vitmix.mixers.fused.
  */
 #include "vitmix_simd.h"
+#include "vitmix_parallel.h"
 #include "vitmix_exp.h"
 #include "newton.h"
 #include "landmark_layers.h"

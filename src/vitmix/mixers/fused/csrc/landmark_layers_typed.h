@@ -98,6 +98,43 @@ static void SFX(scatter_head)(const TYPE *src, TYPE *x, int64_t b, int64_t n, in
     for (int64_t i = 0; i < n; ++i) memcpy(xb + i * stride, src + i * d, sizeof(TYPE) * (size_t)d);
 }
 
+/* one call's arguments (forward or backward), read by its work items: one (batch, head) slice each */
+typedef struct {
+    const TYPE *y, *gout, *conv_w, *conv_b, *mean_w, *saved;
+    TYPE *out, *save, *dy, *dconv_w, *dconv_b, *dmean;
+    int64_t n, prefix, H, W, heads, d, mh, mw, iters, ksize, failed;
+    TYPE scale, eps, norm_eps, contrast;
+    int rule;
+} SFX(laplacian_args);
+
+static void SFX(laplacian_mix_item)(void *ctx, int64_t sl, void *scratch) {
+    SFX(laplacian_args) *args = (SFX(laplacian_args) *)ctx;
+    const TYPE *y = args->y, *conv_w = args->conv_w, *conv_b = args->conv_b, *mean_w = args->mean_w;
+    TYPE *out = args->out, *save = args->save;
+    const int64_t n = args->n, prefix = args->prefix, H = args->H, W = args->W, heads = args->heads, d = args->d;
+    const int64_t mh = args->mh, mw = args->mw, iters = args->iters, ksize = args->ksize, C = heads * d, m = mh * mw;
+    const TYPE scale = args->scale, eps = args->eps, norm_eps = args->norm_eps, contrast = args->contrast;
+    const int rule = args->rule;
+    (void)scratch;
+    const int64_t b = sl / heads, h = sl % heads;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(4 * n * d + 2 * m * d));
+    if (!buf) { count_failure(&args->failed); return; }
+    TYPE *q = buf, *k = q + n * d, *v = k + n * d, *o = v + n * d, *lq = o + n * d, *lk = lq + m * d;
+    SFX(gather_head)(y, q, b, n, 3 * C, h * d, d, 1);
+    SFX(gather_head)(y, k, b, n, 3 * C, C + h * d, d, 1);
+    SFX(gather_head)(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
+    SFX(pool_grid)(q + prefix * d, lq, H, W, mh, mw, d, 0);
+    SFX(pool_grid)(k + prefix * d, lk, H, W, mh, mw, d, 0);
+    int err = SFX(slice)(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast,
+                        mean_w ? mean_w[h] : (TYPE)1, save ? save + sl * (2 * n * m + m * m) : NULL);
+    if (!err && ksize > 0)
+        err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
+                             conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
+    if (!err) SFX(scatter_head)(o, out, b, n, C, h * d, d);
+    if (err) count_failure(&args->failed);
+    free(buf);
+}
+
 /* LaplacianFormer's whole token mixing, per (batch, head) slice, from the fused qkv
  * projection y (B, n, 3C) (q, k, v of head h at columns h d, C + h d, 2C + h d): landmarks by adaptive
  * average pooling of the grid queries and keys (mh x mw windows of the H x W grid after `prefix` tokens, as
@@ -111,30 +148,12 @@ int64_t SFX(vitmix_laplacian_mix)(const TYPE *y, const TYPE *conv_w, const TYPE 
                                  int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads, int64_t d,
                                  int64_t mh, int64_t mw, TYPE scale, TYPE eps, int64_t iters, int rule, TYPE norm_eps,
                                  TYPE contrast, const TYPE *mean_w, int64_t ksize, TYPE *save, int nthreads) {
-    const int64_t C = heads * d, m = mh * mw;
-    int64_t failed = 0;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
-    for (int64_t sl = 0; sl < B * heads; ++sl) {
-        const int64_t b = sl / heads, h = sl % heads;
-        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(4 * n * d + 2 * m * d));
-        if (!buf) { failed += 1; continue; }
-        TYPE *q = buf, *k = q + n * d, *v = k + n * d, *o = v + n * d, *lq = o + n * d, *lk = lq + m * d;
-        SFX(gather_head)(y, q, b, n, 3 * C, h * d, d, 1);
-        SFX(gather_head)(y, k, b, n, 3 * C, C + h * d, d, 1);
-        SFX(gather_head)(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
-        SFX(pool_grid)(q + prefix * d, lq, H, W, mh, mw, d, 0);
-        SFX(pool_grid)(k + prefix * d, lk, H, W, mh, mw, d, 0);
-        int err = SFX(slice)(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast,
-                            mean_w ? mean_w[h] : (TYPE)1, save ? save + sl * (2 * n * m + m * m) : NULL);
-        if (!err && ksize > 0)
-            err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
-                                 conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
-        if (!err) SFX(scatter_head)(o, out, b, n, C, h * d, d);
-        failed += err;
-        free(buf);
-    }
-    return failed;
+    SFX(laplacian_args) args = {.y = y, .conv_w = conv_w, .conv_b = conv_b, .mean_w = mean_w, .out = out, .save = save,
+                                .n = n, .prefix = prefix, .H = H, .W = W, .heads = heads, .d = d, .mh = mh, .mw = mw,
+                                .iters = iters, .ksize = ksize, .scale = scale, .eps = eps, .norm_eps = norm_eps,
+                                .contrast = contrast, .rule = rule};
+    parallel_for(SFX(laplacian_mix_item), &args, B * heads, nthreads, 0);
+    return args.failed;
 }
 
 /* the grid SOFT's landmark conv reads, g (gh x gw, d), from the H x W grid rows of q: adaptively pooled to
@@ -201,6 +220,49 @@ static void SFX(ln_gelu)(const TYPE *z, TYPE *lm, const TYPE *ln_w, const TYPE *
     }
 }
 
+/* one call's arguments (forward or backward), read by its work items: one (batch, head) slice each */
+typedef struct {
+    const TYPE *qp, *vp, *lmt, *ln_w, *ln_b, *conv_w, *gout, *saved;
+    TYPE *out, *save, *dqp, *dvp, *dlmt, *dln_w, *dln_b, *dconv_w;
+    int64_t n, prefix, H, W, heads, d, mh, mw, s, iters, ksize, failed;
+    TYPE ln_eps, scale, eps;
+    int pool_first, rule, norm;
+} SFX(soft_args);
+
+static void SFX(soft_mix_item)(void *ctx, int64_t sl, void *scratch) {
+    SFX(soft_args) *args = (SFX(soft_args) *)ctx;
+    const TYPE *qp = args->qp, *vp = args->vp, *lmt = args->lmt, *ln_w = args->ln_w, *ln_b = args->ln_b;
+    const TYPE *conv_w = args->conv_w;
+    TYPE *out = args->out, *save = args->save;
+    const int64_t n = args->n, prefix = args->prefix, H = args->H, W = args->W, heads = args->heads, d = args->d;
+    const int64_t mh = args->mh, mw = args->mw, s = args->s, iters = args->iters, ksize = args->ksize;
+    const int64_t C = heads * d, m = mh * mw, gh = mh * s, gw = mw * s, per_slice = n * m + m * m + m * d;
+    const TYPE ln_eps = args->ln_eps, scale = args->scale, eps = args->eps;
+    const int pool_first = args->pool_first, rule = args->rule, norm = args->norm;
+    (void)scratch;
+    const int64_t b = sl / heads, h = sl % heads;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(3 * n * d + 2 * m * d + gh * gw * d));
+    if (!buf) { count_failure(&args->failed); return; }
+    TYPE *q = buf, *v = q + n * d, *o = v + n * d, *lm = o + n * d, *z = lm + m * d, *g = z + m * d;
+    TYPE *keep = save ? save + sl * per_slice : NULL;
+    SFX(gather_head)(qp, q, b, n, C, h * d, d, scale);
+    SFX(gather_head)(vp, v, b, n, C, h * d, d, 1);
+    if (lmt) {
+        SFX(soft_conv_grid)(q + prefix * d, g, H, W, gh, gw, d, pool_first);
+        SFX(soft_landmark_conv)(g, lmt, z, mh, mw, s, d);
+        SFX(ln_gelu)(z, lm, ln_w, ln_b, ln_eps, m, d);
+    } else {
+        SFX(pool_grid)(q + prefix * d, lm, H, W, mh, mw, d, pool_first ? 0 : s);
+    }
+    if (keep) memcpy(keep + n * m + m * m, lmt ? z : lm, sizeof(TYPE) * (size_t)(m * d));
+    int err = SFX(slice)(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, keep);
+    if (!err && ksize > 0)
+        err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
+    if (!err) SFX(scatter_head)(o, out, b, n, C, h * d, d);
+    if (err) count_failure(&args->failed);
+    free(buf);
+}
+
 /* SOFT's whole token mixing, per (batch, head) slice, from its projections qp = W_q x and vp = W_v x
  * (B, n, C): queries q = scale * qp; landmarks from the grid queries, either (lm_w != NULL, "conv") a
  * stride x stride stride-s convolution lm_w (d, d, s, s) of the grid (first adaptively pooled to
@@ -215,35 +277,13 @@ int64_t SFX(vitmix_soft_mix)(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, c
                             int64_t W, int64_t heads, int64_t d, int64_t mh, int64_t mw, int64_t s, int pool_first,
                             TYPE scale, TYPE eps, int64_t iters, int rule, int norm, int64_t ksize, TYPE *save,
                             int nthreads) {
-    const int64_t C = heads * d, m = mh * mw, gh = mh * s, gw = mw * s, per_slice = n * m + m * m + m * d;
-    int64_t failed = 0;
     TYPE *lmt = lm_w ? SFX(soft_conv_taps)(lm_w, s, d) : NULL;
     if (lm_w && !lmt) return B * heads;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
-    for (int64_t sl = 0; sl < B * heads; ++sl) {
-        const int64_t b = sl / heads, h = sl % heads;
-        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(3 * n * d + 2 * m * d + gh * gw * d));
-        if (!buf) { failed += 1; continue; }
-        TYPE *q = buf, *v = q + n * d, *o = v + n * d, *lm = o + n * d, *z = lm + m * d, *g = z + m * d;
-        TYPE *keep = save ? save + sl * per_slice : NULL;
-        SFX(gather_head)(qp, q, b, n, C, h * d, d, scale);
-        SFX(gather_head)(vp, v, b, n, C, h * d, d, 1);
-        if (lm_w) {
-            SFX(soft_conv_grid)(q + prefix * d, g, H, W, gh, gw, d, pool_first);
-            SFX(soft_landmark_conv)(g, lmt, z, mh, mw, s, d);
-            SFX(ln_gelu)(z, lm, ln_w, ln_b, ln_eps, m, d);
-        } else {
-            SFX(pool_grid)(q + prefix * d, lm, H, W, mh, mw, d, pool_first ? 0 : s);
-        }
-        if (keep) memcpy(keep + n * m + m * m, lm_w ? z : lm, sizeof(TYPE) * (size_t)(m * d));
-        int err = SFX(slice)(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, keep);
-        if (!err && ksize > 0)
-            err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
-        if (!err) SFX(scatter_head)(o, out, b, n, C, h * d, d);
-        failed += err;
-        free(buf);
-    }
+    SFX(soft_args) args = {.qp = qp, .vp = vp, .lmt = lmt, .ln_w = ln_w, .ln_b = ln_b, .conv_w = conv_w, .out = out,
+                           .save = save, .n = n, .prefix = prefix, .H = H, .W = W, .heads = heads, .d = d, .mh = mh,
+                           .mw = mw, .s = s, .iters = iters, .ksize = ksize, .ln_eps = ln_eps, .scale = scale,
+                           .eps = eps, .pool_first = pool_first, .rule = rule, .norm = norm};
+    parallel_for(SFX(soft_mix_item), &args, B * heads, nthreads, 0);
     free(lmt);
-    return failed;
+    return args.failed;
 }
