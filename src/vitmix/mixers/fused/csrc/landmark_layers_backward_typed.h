@@ -209,12 +209,13 @@ static void SFX(laplacian_mix_backward_item)(void *ctx, int64_t sl, void *scratc
             err = SFX(local_conv_grad)(v + prefix * d, g + prefix * d, conv_w + h * d * taps, taps, dv + prefix * d,
                                       dconv_w + sl * d * taps, dconv_b + sl * d, H, W, d, ksize);
     }
-    if (!err) {
+    if (err) {
+        count_failure(&args->failed);
+    } else {
         SFX(scatter_head)(dq, dy, b, n, 3 * C, h * d, d);
         SFX(scatter_head)(dk, dy, b, n, 3 * C, C + h * d, d);
         SFX(scatter_head)(dv, dy, b, n, 3 * C, 2 * C + h * d, d);
     }
-    if (err) count_failure(&args->failed);
     free(buf);
 }
 
@@ -388,13 +389,14 @@ static void SFX(soft_mix_backward_item)(void *ctx, int64_t sl, void *scratch) {
     if (ksize > 0)
         err = SFX(local_conv_grad)(v + prefix * d, g + prefix * d, conv_w + h * taps, 0, dv + prefix * d,
                                   dconv_w + sl * taps, NULL, H, W, d, ksize);
-    if (!err)
+    if (err)
+        count_failure(&args->failed);
+    else
         for (int64_t i = 0; i < n; ++i)
             for (int64_t c = 0; c < d; ++c) {
                 dqp[(b * n + i) * C + h * d + c] = scale * dq[i * d + c];
                 dvp[(b * n + i) * C + h * d + c] = dv[i * d + c];
             }
-    if (err) count_failure(&args->failed);
     free(buf);
 }
 

@@ -130,8 +130,8 @@ static void SFX(laplacian_mix_item)(void *ctx, int64_t sl, void *scratch) {
     if (!err && ksize > 0)
         err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
                              conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
-    if (!err) SFX(scatter_head)(o, out, b, n, C, h * d, d);
     if (err) count_failure(&args->failed);
+    else SFX(scatter_head)(o, out, b, n, C, h * d, d);
     free(buf);
 }
 
@@ -258,8 +258,8 @@ static void SFX(soft_mix_item)(void *ctx, int64_t sl, void *scratch) {
     int err = SFX(slice)(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, keep);
     if (!err && ksize > 0)
         err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
-    if (!err) SFX(scatter_head)(o, out, b, n, C, h * d, d);
     if (err) count_failure(&args->failed);
+    else SFX(scatter_head)(o, out, b, n, C, h * d, d);
     free(buf);
 }
 
