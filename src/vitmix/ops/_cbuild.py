@@ -160,7 +160,7 @@ def compile_shared(source: str, cc: str, folder: str = CSRC,
         src = os.path.join(folder, source)
         out = os.path.join(tmp, "kernel.so")
         # OpenMP first: the library then shares PyTorch's libgomp (same soname, already loaded) and so
-        # its thread pool; without OpenMP the kernel runs single-threaded or on its own pthreads.
+        # its thread pool; without OpenMP the kernel runs on its own pthreads (csrc/vitmix_parallel.h).
         for arch in (["-fopenmp", "-march=native"], ["-march=native"], ["-fopenmp"], []):
             dirs = [flag for d in (folder, *include_dirs) for flag in ("-I", d)]
             cmd = [cc, *build_flags(), *arch, *dirs, src, "-o", out, "-lm", "-lpthread"]

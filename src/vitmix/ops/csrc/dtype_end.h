@@ -7,3 +7,5 @@
 #undef ERFFN
 #undef LOGFN
 #undef EXPFN
+#undef JB
+#undef ABSMASK

@@ -1,4 +1,4 @@
-/* Instantiates a *_typed.h for float64 (see dtype_f32.h). */
+/* Instantiates the *_typed.h files for float64 (see dtype_f32.h). */
 #define TYPE double
 #define ITYPE int64_t
 #define UTYPE uint64_t
@@ -7,3 +7,4 @@
 #define ERFFN erf
 #define LOGFN log
 #define EXPFN exp
+#include "vec_typed.h"

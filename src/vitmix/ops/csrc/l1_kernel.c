@@ -2,7 +2,7 @@
  *
  * x (B, N, D) read through strides (XROW), y (B, M, D) and g (B, N, M) contiguous. Work items are
  * (b, block of ROWS rows of x).
- * Forward: each item first copies its landmarks transposed, yt (D, M) in a private buffer (like the
+ * Forward: each item first copies its landmarks transposed, yt (D, M) in its thread's scratch (like the
  * official CUDA operator's key layout): for a fixed token i and channel c the M landmarks are then one
  * contiguous row, so the innermost loop runs over landmarks and vectorises without horizontal sums.
  * Backward: x, y and the grad-y partials in their (., D) layout, vectorised over channels.
@@ -13,9 +13,10 @@
  *                                                                    over channels in (M, D) order;
  *                                                                    summed over the items by the caller:
  *                                                                    no two threads write the same memory)
- * Plain C99 + OpenMP (sequential without it); no torch headers.
+ * Plain C99 + OpenMP (pthreads without it: vitmix_parallel.h); no torch headers.
  */
 #include "vitmix_simd.h"
+#include "vitmix_parallel.h"
 #include "l1_kernel.h"
 
 /* x is read in place through strides xs = {heads H, batch stride, head stride, token stride} (unit
@@ -24,9 +25,11 @@
 #define XROW(x, xs, b, i) ((x) + ((b) / (xs)[0]) * (xs)[1] + ((b) % (xs)[0]) * (xs)[2] + (i) * (xs)[3])
 
 #include "dtype_f32.h"
+#include "distance_typed.h"
 #include "l1_kernel_typed.h"
 #include "dtype_end.h"
 
 #include "dtype_f64.h"
+#include "distance_typed.h"
 #include "l1_kernel_typed.h"
 #include "dtype_end.h"

@@ -1,49 +1,11 @@
-/* The Newton-Schulz loop for one dtype (see newton.c; instantiated by dtype_f32.h / dtype_f64.h). */
-#undef JB
-#define JB ((int64_t)(VEC_BYTES / sizeof(TYPE)))
-typedef TYPE SFX(NSVEC) __attribute__((vector_size(VEC_BYTES)));
-
-/* c = a b for (m, mp) row-major matrices (row stride mp, a multiple of JB; columns beyond m zero): rows go
- * four at a time, each JB-wide block of their rows of c accumulated in vector registers over k (four
- * independent broadcast-FMA chains that share each load of b hide the FMA latency), then stored once. Blocks
- * of four rows rather than of 4·JB columns: at m = 16 a 4·JB-wide row block computed four times the useful
- * columns (float32, AVX-512). */
-static void SFX(matmul)(const TYPE *a, const TYPE *b, TYPE *c, int64_t m, int64_t mp) {
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-        const TYPE *a0 = a + i * mp, *a1 = a0 + mp, *a2 = a1 + mp, *a3 = a2 + mp;
-        for (int64_t j0 = 0; j0 < mp; j0 += JB) {
-            SFX(NSVEC) acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0}, bk;
-            for (int64_t k = 0; k < m; ++k) {
-                memcpy(&bk, b + k * mp + j0, sizeof bk);
-                acc0 += a0[k] * bk;
-                acc1 += a1[k] * bk;
-                acc2 += a2[k] * bk;
-                acc3 += a3[k] * bk;
-            }
-            TYPE *ci = c + i * mp + j0;
-            memcpy(ci, &acc0, sizeof acc0);
-            memcpy(ci + mp, &acc1, sizeof acc1);
-            memcpy(ci + 2 * mp, &acc2, sizeof acc2);
-            memcpy(ci + 3 * mp, &acc3, sizeof acc3);
-        }
-    }
-    for (; i < m; ++i)
-        for (int64_t j0 = 0; j0 < mp; j0 += JB) {
-            SFX(NSVEC) acc = {0}, bk;
-            for (int64_t k = 0; k < m; ++k) {
-                memcpy(&bk, b + k * mp + j0, sizeof bk);
-                acc += a[i * mp + k] * bk;
-            }
-            memcpy(c + i * mp + j0, &acc, sizeof acc);
-        }
-}
-
-/* iters steps V <- 2V - V (P V) on padded p, v (scratch t, u), then the m x m result into out */
+/* The Newton-Schulz loop for one dtype (see newton.c; instantiated by dtype_f32.h / dtype_f64.h; the products
+ * are gemm_typed.h's, each sum over k one running sum). */
+/* iters steps V <- 2V - V (P V) on p, v (m x m, zero-padded to row stride mp, a multiple of JB; scratch t, u),
+ * then the m x m result into out */
 static void SFX(ns_iterate)(const TYPE *p, TYPE *v, TYPE *t, TYPE *u, TYPE *out, int64_t m, int64_t mp, int64_t iters) {
     for (int64_t it = 0; it < iters; ++it) {
-        SFX(matmul)(p, v, t, m, mp);             /* T = P V */
-        SFX(matmul)(v, t, u, m, mp);             /* U = V T */
+        SFX(gemm)(p, mp, 1, v, t, m, m, mp, m);         /* T = P V */
+        SFX(gemm)(v, mp, 1, t, u, m, m, mp, m);         /* U = V T */
         for (int64_t e = 0; e < m * mp; ++e) v[e] = 2 * v[e] - u[e];
     }
     for (int64_t i = 0; i < m; ++i) memcpy(out + i * m, v + i * mp, sizeof(TYPE) * (size_t)m);
@@ -97,40 +59,59 @@ static void SFX(ns_start)(const TYPE *a, const TYPE *p, TYPE *v, int64_t m, int6
     }
 }
 
-/* Newton-Schulz from A: P = A + eps I, the start by rule (above), iters steps; V (B, m, m) receives the
- * result. NaN in A propagates like the PyTorch path. */
+/* Newton-Schulz from one m x m matrix w into out (m x m): P = w + eps I, the start by rule (above), iters
+ * steps, in buf (5 mp^2 zeros). NaN in w propagates like the PyTorch path. */
+static void SFX(ns_solve_padded)(const TYPE *w, TYPE *out, int64_t m, int64_t mp, TYPE eps, int64_t iters, int rule,
+                                 TYPE *buf) {
+    TYPE *p = buf, *v = buf + mp * mp, *t = buf + 2 * mp * mp, *u = buf + 3 * mp * mp, *a = buf + 4 * mp * mp;
+    for (int64_t i = 0; i < m; ++i) {
+        memcpy(a + i * mp, w + i * m, sizeof(TYPE) * (size_t)m);
+        memcpy(p + i * mp, w + i * m, sizeof(TYPE) * (size_t)m);
+        p[i * mp + i] += eps;
+    }
+    SFX(ns_start)(a, p, v, m, mp, rule);
+    SFX(ns_iterate)(p, v, t, u, out, m, mp, iters);
+}
+
+/* one call's arguments, read by its work items (one matrix each) */
+typedef struct {
+    const TYPE *A;                      /* vitmix_ns: P */
+    TYPE *V;
+    int64_t m, mp, iters;
+    TYPE eps;
+    int rule;
+} SFX(ns_args);
+
+static void SFX(ns_solve_item)(void *ctx, int64_t b, void *scratch) {
+    const SFX(ns_args) *args = (const SFX(ns_args) *)ctx;
+    const int64_t m = args->m, mp = args->mp;
+    memset(scratch, 0, sizeof(TYPE) * (size_t)(5 * mp * mp));
+    SFX(ns_solve_padded)(args->A + b * m * m, args->V + b * m * m, m, mp, args->eps, args->iters, args->rule,
+                         (TYPE *)scratch);
+}
+
+/* Newton-Schulz from each matrix of A (B, m, m) into V (ns_solve_padded) */
 void SFX(vitmix_ns_solve)(const TYPE *A, TYPE *V, int64_t B, int64_t m, TYPE eps, int64_t iters, int rule,
                          int nthreads) {
-    const int64_t mp = (m + JB - 1) / JB * JB;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t b = 0; b < B; ++b) {
-        TYPE *buf = (TYPE *)calloc((size_t)(5 * mp * mp), sizeof(TYPE));
-        TYPE *p = buf, *v = buf + mp * mp, *t = buf + 2 * mp * mp, *u = buf + 3 * mp * mp, *a = buf + 4 * mp * mp;
-        for (int64_t i = 0; i < m; ++i) {
-            memcpy(a + i * mp, A + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
-            memcpy(p + i * mp, a + i * mp, sizeof(TYPE) * (size_t)m);
-            p[i * mp + i] += eps;
-        }
-        SFX(ns_start)(a, p, v, m, mp, rule);
-        SFX(ns_iterate)(p, v, t, u, V + b * m * m, m, mp, iters);
-        free(buf);
+    const SFX(ns_args) args = {A, V, m, (m + JB - 1) / JB * JB, iters, eps, rule};
+    parallel_for(SFX(ns_solve_item), (void *)&args, B, nthreads, sizeof(TYPE) * (size_t)(5 * args.mp * args.mp));
+}
+
+/* iters steps from each V0 of V (B, m, m) with the matrices P (B, m, m) on zero-padded copies (zeros beyond m
+ * stay zero through the iteration) */
+static void SFX(ns_item)(void *ctx, int64_t b, void *scratch) {
+    const SFX(ns_args) *args = (const SFX(ns_args) *)ctx;
+    const int64_t m = args->m, mp = args->mp;
+    TYPE *p = (TYPE *)scratch, *v = p + mp * mp, *t = p + 2 * mp * mp, *u = p + 3 * mp * mp;
+    memset(p, 0, sizeof(TYPE) * (size_t)(4 * mp * mp));
+    for (int64_t i = 0; i < m; ++i) {
+        memcpy(p + i * mp, args->A + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
+        memcpy(v + i * mp, args->V + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
     }
+    SFX(ns_iterate)(p, v, t, u, args->V + b * m * m, m, mp, args->iters);
 }
 
 void SFX(vitmix_ns)(const TYPE *P, TYPE *V, int64_t B, int64_t m, int64_t iters, int nthreads) {
-    const int64_t mp = (m + JB - 1) / JB * JB;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t b = 0; b < B; ++b) {
-        /* padded copies (zeros beyond m stay zero through the iteration) */
-        TYPE *buf = (TYPE *)calloc((size_t)(4 * mp * mp), sizeof(TYPE));
-        TYPE *p = buf, *v = buf + mp * mp, *t = buf + 2 * mp * mp, *u = buf + 3 * mp * mp;
-        for (int64_t i = 0; i < m; ++i) {
-            memcpy(p + i * mp, P + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
-            memcpy(v + i * mp, V + (b * m + i) * m, sizeof(TYPE) * (size_t)m);
-        }
-        SFX(ns_iterate)(p, v, t, u, V + b * m * m, m, mp, iters);
-        free(buf);
-    }
+    const SFX(ns_args) args = {P, V, m, (m + JB - 1) / JB * JB, iters, 0, 0};
+    parallel_for(SFX(ns_item), (void *)&args, B, nthreads, sizeof(TYPE) * (size_t)(4 * args.mp * args.mp));
 }

@@ -5,25 +5,24 @@
  * vitmix.ops.nystrom.c.
  */
 #include "vitmix_simd.h"
+#include "vitmix_parallel.h"
 #include "vitmix_exp.h"
 #include "newton.h"
 #include "nystrom.h"
 
 #include "dtype_f32.h"
-#include "newton_typed.h"
-#include "dtype_end.h"
-
-#include "dtype_f64.h"
-#include "newton_typed.h"
-#include "dtype_end.h"
-
-#include "dtype_f32.h"
 #define EXPFN exp_nonpos_f32
+#include "gemm_typed.h"
+#include "newton_typed.h"
+#include "distance_typed.h"
 #include "nystrom_core_typed.h"
 #include "nystrom_typed.h"
 #include "dtype_end.h"
 
 #include "dtype_f64.h"
+#include "gemm_typed.h"
+#include "newton_typed.h"
+#include "distance_typed.h"
 #include "nystrom_core_typed.h"
 #include "nystrom_typed.h"
 #include "dtype_end.h"

@@ -1,124 +1,13 @@
-/* The Nystrom core for one dtype (static helpers; see nystrom.c): kernel matrices, small GEMMs, Newton-Schulz
- * from the landmark kernel, the injective map, SOFT-Norm and one (batch, head) slice of the whole product. Also
- * the base of the landmark layers' library (vitmix/mixers/fused/csrc). */
-/* Sums over tokens (column means, and gemm's inner dimension, N for the normaliser's products) run in blocks
- * of SUM_BLOCK terms added to a total: float32 rounding then grows with SUM_BLOCK + N / SUM_BLOCK instead of
- * N. With one running sum, a LaplacianFormer stage at N = 1024 gave 7x the composed path's output error,
- * which the untrained pyramid's later stages amplified to a 3 % gradient error. */
-#undef SUM_BLOCK
-#define SUM_BLOCK 32
-#undef FJB
-#define FJB ((int64_t)(VEC_BYTES / sizeof(TYPE)))
-
-typedef TYPE SFX(FVEC) __attribute__((vector_size(VEC_BYTES)));
-typedef ITYPE SFX(FIVEC) __attribute__((vector_size(VEC_BYTES)));
-
-/* one channel's term of the distance, lane-wise: |t| (L1: clear the sign bit) or t^2 (squared L2) */
-static inline SFX(FVEC) SFX(dist_term)(SFX(FVEC) t, int kind) {
-    const SFX(FIVEC) mask = (SFX(FIVEC)){0} + (ITYPE)(~((UTYPE)1 << (8 * sizeof(TYPE) - 1)));
-    return kind ? (SFX(FVEC))((SFX(FIVEC))t & mask) : t * t;
-}
-
-/* distances of up to four rows of x (n rows, row stride d) to all landmarks, given transposed and
- * zero-padded as yt (d, mp): the four rows share each landmark load and keep FJB-wide partial sums in
- * registers over all d channels (no horizontal sums) */
-static void SFX(distance_rows)(const TYPE *x, int64_t rows, const TYPE *yt, TYPE *out, int64_t m, int64_t mp,
-                              int64_t d, int kind) {
-    const TYPE *x0 = x, *x1 = x + (rows > 1) * d, *x2 = x + (rows > 2) * 2 * d, *x3 = x + (rows > 3) * 3 * d;
-    for (int64_t j0 = 0; j0 < mp; j0 += FJB) {
-        SFX(FVEC) a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, yv;
-        for (int64_t c = 0; c < d; ++c) {
-            memcpy(&yv, yt + c * mp + j0, sizeof yv);
-            a0 += SFX(dist_term)(x0[c] - yv, kind);
-            a1 += SFX(dist_term)(x1[c] - yv, kind);
-            a2 += SFX(dist_term)(x2[c] - yv, kind);
-            a3 += SFX(dist_term)(x3[c] - yv, kind);
-        }
-        TYPE sums[4][FJB];
-        memcpy(sums[0], &a0, sizeof a0);
-        memcpy(sums[1], &a1, sizeof a1);
-        memcpy(sums[2], &a2, sizeof a2);
-        memcpy(sums[3], &a3, sizeof a3);
-        const int64_t nj = m - j0 < FJB ? m - j0 : FJB;
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t jj = 0; jj < nj; ++jj) out[r * m + j0 + jj] = sums[r][jj];
-    }
-}
-
+/* The Nystrom core for one dtype (static helpers; see nystrom.c): kernel matrices, Newton-Schulz from the
+ * landmark kernel, the injective map, SOFT-Norm and one (batch, head) slice of the whole product, on the
+ * distances of distance_typed.h, the GEMMs of gemm_typed.h and the loop of newton_typed.h. Also the base of
+ * the landmark layers' library (vitmix/mixers/fused/csrc). */
 /* out (n, m) = exp(-scale * dist(x_i, y_j)) with y given as yt (d, mp); kind 0: squared L2 (scale 1/2,
  * SOFT), 1: L1 (scale 1/lam) */
 static void SFX(kernel_matrix)(const TYPE *x, const TYPE *yt, TYPE *out, int64_t n, int64_t m, int64_t mp,
                               int64_t d, int kind, TYPE scale) {
-    for (int64_t i = 0; i < n; i += 4)
-        SFX(distance_rows)(x + i * d, n - i < 4 ? n - i : 4, yt, out + i * m, m, mp, d, kind);
+    SFX(distances)(x, d, n, yt, out, m, mp, d, kind);
     for (int64_t e = 0; e < n * m; ++e) out[e] = EXPFN(-scale * out[e]);
-}
-
-/* yt (d, mp) = y (m, d) transposed, zero beyond column m */
-static void SFX(transpose_pad)(const TYPE *y, TYPE *yt, int64_t m, int64_t mp, int64_t d) {
-    memset(yt, 0, sizeof(TYPE) * (size_t)(d * mp));
-    for (int64_t j = 0; j < m; ++j)
-        for (int64_t c = 0; c < d; ++c) yt[c * mp + j] = y[j * d + c];
-}
-
-/* c[:, j0:j0+w] (row stride p, w <= FJB lanes stored) = A b[:, j0:j0+w] (b's block at row stride p) for rows
- * i..i+rows of A (A[i, l] = a[i * si + l * sl]), rows <= 4: four broadcast-FMA chains share each load of b,
- * and the sums over l run in blocks of SUM_BLOCK (see there). A partial block (w < FJB) loads a full vector
- * of each row of b, whose extra lanes belong to the next row and are never stored; only the rows whose load
- * would read past the end of b (the last one, more when p < FJB) are copied into a zero-padded vector. */
-static void SFX(gemm_block)(const TYPE *a, int64_t si, int64_t sl, const TYPE *b, TYPE *c, int64_t p, int64_t i,
-                           int64_t rows, int64_t k, int64_t w) {
-    const TYPE *a0 = a + i * si, *a1 = a0 + (rows > 1) * si, *a2 = a0 + (rows > 2) * 2 * si;
-    const TYPE *a3 = a0 + (rows > 3) * 3 * si;
-    /* rows of b loaded as full vectors: those whose FJB lanes end inside b, which ends w lanes into row k - 1 */
-    const int64_t room = (k - 1) * p + w - FJB;     /* the last offset a full load may start at */
-    const int64_t last = room < 0 ? 0 : (room / p + 1 < k ? room / p + 1 : k);
-    SFX(FVEC) acc[4] = {{0}}, bl;
-    for (int64_t l0 = 0; l0 < k; l0 += SUM_BLOCK) {
-        const int64_t l1 = k - l0 < SUM_BLOCK ? k : l0 + SUM_BLOCK;
-        SFX(FVEC) s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-        for (int64_t l = l0; l < l1; ++l) {
-            if (l < last) {
-                memcpy(&bl, b + l * p, sizeof bl);
-            } else {
-                bl = (SFX(FVEC)){0};
-                memcpy(&bl, b + l * p, sizeof(TYPE) * (size_t)w);
-            }
-            s0 += a0[l * sl] * bl;
-            s1 += a1[l * sl] * bl;
-            s2 += a2[l * sl] * bl;
-            s3 += a3[l * sl] * bl;
-        }
-        acc[0] += s0;
-        acc[1] += s1;
-        acc[2] += s2;
-        acc[3] += s3;
-    }
-    for (int64_t r = 0; r < rows; ++r) memcpy(c + (i + r) * p, &acc[r], sizeof(TYPE) * (size_t)w);
-}
-
-/* c (n, p) = A b with A (n, k) read as A[i, l] = a[i * si + l * sl] (a or a transposed) and b (k, p)
- * row-major: rows of c go four at a time and each FJB-wide block of them is accumulated in vector registers
- * over l, then stored once (the last block may be partial: m = 25 landmarks are 16 + 9 lanes). At the sizes
- * of one slice (N = 65, m = 16, d = 32) the plain triple loop spent more time in loop overhead and
- * loads/stores of c than in arithmetic. */
-static void SFX(gemm)(const TYPE *a, int64_t si, int64_t sl, const TYPE *restrict b, TYPE *restrict c, int64_t n,
-                     int64_t k, int64_t p) {
-    for (int64_t i = 0; i < n; i += 4) {
-        const int64_t rows = n - i < 4 ? n - i : 4;
-        for (int64_t j0 = 0; j0 < p; j0 += FJB)
-            SFX(gemm_block)(a, si, sl, b + j0, c + j0, p, i, rows, k, p - j0 < FJB ? p - j0 : FJB);
-    }
-}
-
-/* c (n, p) = a (n, k) b (k, p), row-major */
-static void SFX(mm)(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p) {
-    SFX(gemm)(a, k, 1, b, c, n, k, p);
-}
-
-/* c (k, p) = a(n, k)^T b (n, p) */
-static void SFX(mtm)(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p) {
-    SFX(gemm)(a, 1, k, b, c, k, n, p);
 }
 
 /* sum (p) = column sums of a (n, p), in blocks of SUM_BLOCK rows (64 columns at a time) */
@@ -142,19 +31,13 @@ static void SFX(column_mean)(const TYPE *a, TYPE *mean, int64_t n, int64_t p) {
     for (int64_t j = 0; j < p; ++j) mean[j] /= (TYPE)n;
 }
 
-/* M (m, m) = NS(W + eps I) from the landmark kernel W, with the start rule of vitmix_ns_solve */
+/* M (m, m) = NS(W + eps I) from the landmark kernel W, with the start rule of vitmix_ns_solve; nonzero when out
+ * of memory */
 static int SFX(newton)(const TYPE *w, TYPE *M, int64_t m, TYPE eps, int64_t iters, int rule) {
-    const int64_t mp = (m + FJB - 1) / FJB * FJB;
+    const int64_t mp = (m + JB - 1) / JB * JB;
     TYPE *buf = (TYPE *)calloc((size_t)(5 * mp * mp), sizeof(TYPE));
     if (!buf) return 1;
-    TYPE *p = buf, *v = buf + mp * mp, *t = buf + 2 * mp * mp, *u = buf + 3 * mp * mp, *a = buf + 4 * mp * mp;
-    for (int64_t i = 0; i < m; ++i) {
-        memcpy(a + i * mp, w + i * m, sizeof(TYPE) * (size_t)m);
-        memcpy(p + i * mp, w + i * m, sizeof(TYPE) * (size_t)m);
-        p[i * mp + i] += eps;
-    }
-    SFX(ns_start)(a, p, v, m, mp, rule);
-    SFX(ns_iterate)(p, v, t, u, M, m, mp, iters);
+    SFX(ns_solve_padded)(w, M, m, mp, eps, iters, rule, buf);
     free(buf);
     return 0;
 }
@@ -230,7 +113,7 @@ static int SFX(slice)(const TYPE *q, const TYPE *k, const TYPE *v, const TYPE *l
                      int64_t n, int64_t nk, int64_t m, int64_t d, int64_t dv, int kind, TYPE scale, int tied,
                      TYPE eps, int64_t iters, int rule, int norm, TYPE norm_eps, TYPE contrast, TYPE mean_w,
                      TYPE *save) {
-    const int64_t mk = (m + FJB - 1) / FJB * FJB;
+    const int64_t mk = (m + JB - 1) / JB * JB;
     const int64_t size = n * m + (tied ? 0 : nk * m) + 2 * m * m + 2 * m * dv + 2 * d * mk;
     TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
     if (!buf) return 1;

@@ -1,6 +1,7 @@
 /* parallel_for(fn, ctx, n_items, nthreads, scratch_bytes): fn(ctx, item, scratch) for every item in
  * [0, n_items) on up to nthreads threads, each thread with its own malloc'd scratch of scratch_bytes (NULL
- * for 0): OpenMP where the build has it, else plain pthreads. */
+ * for 0): OpenMP where the build has it, else plain pthreads. Items are taken one at a time (dynamic
+ * schedule), as their costs differ; ctx holds the call's arguments. Every library runs its work items so. */
 #ifndef VITMIX_PARALLEL_H
 #define VITMIX_PARALLEL_H
 
@@ -9,6 +10,11 @@
 #include <stdlib.h>
 
 typedef void (*work_fn)(void *ctx, int64_t item, void *scratch);
+
+/* adds one to a call's count of failed items (out of memory), which items on several threads may share */
+static inline void count_failure(int64_t *failed) {
+    __atomic_fetch_add(failed, 1, __ATOMIC_RELAXED);
+}
 
 #ifdef _OPENMP
 #include <omp.h>

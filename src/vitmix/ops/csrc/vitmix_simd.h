@@ -1,9 +1,9 @@
 /* Shared by every vitmix C library: standard headers and the native vector width.
  *
- * The libraries are plain C99 (+ OpenMP where available, sequential or pthreads without), no torch
+ * The libraries are plain C99 (+ OpenMP where available, pthreads without: vitmix_parallel.h), no torch
  * headers; vitmix.ops._cbuild compiles each .c of this folder on first use. Code written once for both
- * dtypes lives in a *_typed.h file that a .c includes twice, between dtype_f32.h / dtype_f64.h and
- * dtype_end.h (TYPE, SFX(name), ... below those).
+ * dtypes lives in *_typed.h files that a .c includes once per dtype, between dtype_f32.h / dtype_f64.h and
+ * dtype_end.h (TYPE, SFX(name), JB, ... below those).
  */
 #ifndef VITMIX_SIMD_H
 #define VITMIX_SIMD_H

@@ -11,7 +11,8 @@ partial sums of ``grad_y`` (no atomics, no horizontal sums, no ``N×M×d`` tenso
 :func:`c_library` says whether the kernel applies to given inputs; the PyTorch path
 (:mod:`vitmix.ops.kernel.pytorch`) runs otherwise (no compiler, ``VITMIX_DISABLE_C_KERNEL=1``, other
 devices, half inputs, tiny problems). The source is ``vitmix/ops/csrc/l1_kernel.c`` (written once in
-``l1_kernel_typed.h``, instantiated for float32 and float64).
+``l1_kernel_typed.h``, instantiated for float32 and float64; the forward's distance loop is
+``distance_typed.h``'s, the same code as the Nyström kernel matrices').
 """
 from __future__ import annotations
 

@@ -7,26 +7,25 @@
  * intermediates. What each step computes is documented in vitmix.mixers.fused.
  */
 #include "vitmix_simd.h"
+#include "vitmix_parallel.h"
 #include "vitmix_exp.h"
 #include "newton.h"
 #include "landmark_layers.h"
 
 #include "dtype_f32.h"
-#include "newton_typed.h"
-#include "dtype_end.h"
-
-#include "dtype_f64.h"
-#include "newton_typed.h"
-#include "dtype_end.h"
-
-#include "dtype_f32.h"
 #define EXPFN exp_nonpos_f32
+#include "gemm_typed.h"
+#include "newton_typed.h"
+#include "distance_typed.h"
 #include "nystrom_core_typed.h"
 #include "landmark_layers_typed.h"
 #include "landmark_layers_backward_typed.h"
 #include "dtype_end.h"
 
 #include "dtype_f64.h"
+#include "gemm_typed.h"
+#include "newton_typed.h"
+#include "distance_typed.h"
 #include "nystrom_core_typed.h"
 #include "landmark_layers_typed.h"
 #include "landmark_layers_backward_typed.h"

@@ -1,48 +1,39 @@
 /* The training backwards of LaplacianFormer's and SOFT's token mixing for one dtype (see landmark_layers.c;
- * uses the static helpers of nystrom_core_typed.h and landmark_layers_typed.h). */
-/* c (n, p) = a (n, k) b (p, k)^T: b transposed into bt (k x p scratch), then gemm (dot products of rows
- * would end in one horizontal sum per element) */
-static void SFX(mmt)(const TYPE *restrict a, const TYPE *restrict b, TYPE *restrict c, int64_t n, int64_t k, int64_t p,
-                    TYPE *restrict bt) {
-    for (int64_t j = 0; j < p; ++j)
-        for (int64_t l = 0; l < k; ++l) bt[l * p + j] = b[j * k + l];
-    SFX(gemm)(a, k, 1, bt, c, n, k, p);
-}
-
+ * uses the static helpers of gemm_typed.h, nystrom_core_typed.h and landmark_layers_typed.h). */
 /* gx (n, d), gy (m, d) += the gradient of K = exp(-scale |x_i - y_j|_1) (n x m) from dK: with P = scale dK K
  * (written to p, n x m), gx_i -= sum_j P_ij sign(x_i - y_j) and gy_j += sum_i P_ij sign(x_i - y_j), sign(0) = 0.
- * Rows of x go four at a time over FJB-wide channel blocks: their gradients stay in registers over all j and
+ * Rows of x go four at a time over JB-wide channel blocks: their gradients stay in registers over all j and
  * each y_j block is loaded once for four rows (the L1 backward is the layer's largest elementwise pass). */
 static void SFX(l1_kernel_grad)(const TYPE *x, const TYPE *y, const TYPE *K, const TYPE *dK, TYPE *gx, TYPE *gy,
                                TYPE *p, int64_t n, int64_t m, int64_t d, TYPE scale) {
     for (int64_t e = 0; e < n * m; ++e) p[e] = scale * dK[e] * K[e];
-    const int64_t dvec = d / FJB * FJB;
-    const SFX(FVEC) zero = {0};
+    const int64_t dvec = d / JB * JB;
+    const SFX(vec) zero = {0};
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const int64_t rows = n - i0 < 4 ? n - i0 : 4;
         const TYPE *pr[4];
         for (int64_t r = 0; r < 4; ++r) pr[r] = p + (i0 + (r < rows ? r : 0)) * m;   /* missing rows: weight 0 */
-        for (int64_t c0 = 0; c0 < dvec; c0 += FJB) {
-            SFX(FVEC) xr[4], ax[4] = {{0}}, yv, t, pv, sg;
+        for (int64_t c0 = 0; c0 < dvec; c0 += JB) {
+            SFX(vec) xr[4], ax[4] = {{0}}, yv, t, pv, sg;
             for (int64_t r = 0; r < 4; ++r) memcpy(&xr[r], x + (i0 + (r < rows ? r : 0)) * d + c0, sizeof yv);
             for (int64_t j = 0; j < m; ++j) {
-                SFX(FVEC) ay = {0};
+                SFX(vec) ay = {0};
                 memcpy(&yv, y + j * d + c0, sizeof yv);
                 for (int64_t r = 0; r < 4; ++r) {
                     pv = zero + (r < rows ? pr[r][j] : (TYPE)0);
                     t = xr[r] - yv;
-                    sg = (SFX(FVEC))(((SFX(FIVEC))(t > zero) & (SFX(FIVEC))pv)) -
-                         (SFX(FVEC))(((SFX(FIVEC))(t < zero) & (SFX(FIVEC))pv));        /* sign(t) P, sign(0) = 0 */
+                    sg = (SFX(vec))(((SFX(ivec))(t > zero) & (SFX(ivec))pv)) -
+                         (SFX(vec))(((SFX(ivec))(t < zero) & (SFX(ivec))pv));        /* sign(t) P, sign(0) = 0 */
                     ax[r] -= sg;
                     ay += sg;
                 }
-                SFX(FVEC) gv;
+                SFX(vec) gv;
                 memcpy(&gv, gy + j * d + c0, sizeof gv);
                 gv += ay;
                 memcpy(gy + j * d + c0, &gv, sizeof gv);
             }
             for (int64_t r = 0; r < rows; ++r) {
-                SFX(FVEC) gv;
+                SFX(vec) gv;
                 memcpy(&gv, gx + (i0 + r) * d + c0, sizeof gv);
                 gv += ax[r];
                 memcpy(gx + (i0 + r) * d + c0, &gv, sizeof gv);
@@ -64,10 +55,10 @@ static void SFX(l1_kernel_grad)(const TYPE *x, const TYPE *y, const TYPE *K, con
 static void SFX(pool_grid_grad)(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d,
                                int64_t stride) {
     for (int64_t a = 0; a < oh; ++a) {
-        int64_t r0 = a * stride, r1 = r0 + stride, c0, c1;
-        if (!stride) SFX(window)(a, H, oh, &r0, &r1);
+        int64_t r0, r1, c0, c1;
+        SFX(window)(a, H, oh, stride, &r0, &r1);
         for (int64_t b = 0; b < ow; ++b) {
-            if (stride) { c0 = b * stride; c1 = c0 + stride; } else SFX(window)(b, W, ow, &c0, &c1);
+            SFX(window)(b, W, ow, stride, &c0, &c1);
             const TYPE inv = (TYPE)1 / (TYPE)((r1 - r0) * (c1 - c0));
             const TYPE *gj = gp + (a * ow + b) * d;
             for (int64_t r = r0; r < r1; ++r)
@@ -82,35 +73,18 @@ static void SFX(pool_grid_grad)(const TYPE *gp, TYPE *gx, int64_t H, int64_t W, 
  * for a shared filter, and gb (d) unless NULL are written (sums over the grid positions and shared channels). */
 static int SFX(local_conv_grad)(const TYPE *v, const TYPE *g, const TYPE *w, int64_t wstride, TYPE *gv, TYPE *gw,
                                TYPE *gb, int64_t H, int64_t W, int64_t d, int64_t ksize) {
-    const int64_t pad = ksize / 2, taps = ksize * ksize;
+    const int64_t taps = ksize * ksize;
     TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(2 * taps * d));
     if (!wt) return 1;
     TYPE *gwt = wt + taps * d;
-    for (int64_t t = 0; t < taps; ++t)
-        for (int64_t c = 0; c < d; ++c) { wt[t * d + c] = w[c * wstride + t]; gwt[t * d + c] = 0; }
-    if (gb)
+    SFX(conv_taps)(w, wstride, wt, taps, d);
+    memset(gwt, 0, sizeof(TYPE) * (size_t)(taps * d));
+    if (gb) {
         for (int64_t c = 0; c < d; ++c) gb[c] = 0;
-    for (int64_t r = 0; r < H; ++r)
-        for (int64_t cc = 0; cc < W; ++cc) {
-            const TYPE *restrict gi = g + (r * W + cc) * d;
-            if (gb)
-                for (int64_t c = 0; c < d; ++c) gb[c] += gi[c];
-            for (int64_t dy = 0; dy < ksize; ++dy) {
-                const int64_t rr = r + dy - pad;
-                if (rr < 0 || rr >= H) continue;
-                for (int64_t dx = 0; dx < ksize; ++dx) {
-                    const int64_t xx = cc + dx - pad;
-                    if (xx < 0 || xx >= W) continue;
-                    const int64_t t = dy * ksize + dx;
-                    const TYPE *restrict vi = v + (rr * W + xx) * d, *restrict wk = wt + t * d;
-                    TYPE *restrict gvi = gv + (rr * W + xx) * d, *restrict gk = gwt + t * d;
-                    for (int64_t c = 0; c < d; ++c) {
-                        gvi[c] += wk[c] * gi[c];
-                        gk[c] += gi[c] * vi[c];
-                    }
-                }
-            }
-        }
+        for (int64_t e = 0; e < H * W; ++e)
+            for (int64_t c = 0; c < d; ++c) gb[c] += g[e * d + c];
+    }
+    SFX(conv_pass)(v, wt, g, gv, gwt, H, W, d, ksize);
     for (int64_t t = 0; t < taps; ++t) {
         if (!wstride) gw[t] = 0;
         for (int64_t c = 0; c < d; ++c) {
@@ -191,6 +165,60 @@ static int SFX(injective_grad)(const TYPE *cq, const TYPE *ck, const TYPE *M, co
     return 0;
 }
 
+static void SFX(laplacian_mix_backward_item)(void *ctx, int64_t sl, void *scratch) {
+    SFX(laplacian_args) *args = (SFX(laplacian_args) *)ctx;
+    const TYPE *y = args->y, *gout = args->gout, *conv_w = args->conv_w, *mean_w = args->mean_w;
+    const TYPE *saved = args->saved;
+    TYPE *dy = args->dy, *dconv_w = args->dconv_w, *dconv_b = args->dconv_b, *dmean = args->dmean;
+    const int64_t n = args->n, prefix = args->prefix, H = args->H, W = args->W, heads = args->heads, d = args->d;
+    const int64_t mh = args->mh, mw = args->mw, ksize = args->ksize;
+    const int64_t C = heads * d, m = mh * mw, mk = (m + JB - 1) / JB * JB, taps = ksize * ksize;
+    const TYPE scale = args->scale, norm_eps = args->norm_eps, contrast = args->contrast;
+    (void)scratch;
+    const int64_t b = sl / heads, h = sl % heads;
+    const int64_t size = 7 * n * d + 4 * m * d + 4 * m * m + 2 * n * m + d * mk;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
+    if (!buf) { count_failure(&args->failed); return; }
+    TYPE *q = buf, *k = q + n * d, *v = k + n * d, *g = v + n * d, *dq = g + n * d, *dk = dq + n * d;
+    TYPE *dv = dk + n * d, *lq = dv + n * d, *lk = lq + m * d, *dlq = lk + m * d, *dlk = dlq + m * d;
+    TYPE *w = dlk + m * d, *dW = w + m * m, *dM = dW + m * m, *dcq = dM + m * m, *dck = dcq + n * m;
+    TYPE *lkt = dck + n * m, *bt = lkt + d * mk;
+    const TYPE *cq = saved + sl * (2 * n * m + m * m), *ck = cq + n * m, *M = ck + n * m;
+    SFX(gather_head)(y, q, b, n, 3 * C, h * d, d, 1);
+    SFX(gather_head)(y, k, b, n, 3 * C, C + h * d, d, 1);
+    SFX(gather_head)(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
+    SFX(gather_head)(gout, g, b, n, C, h * d, d, 1);
+    SFX(pool_grid)(q + prefix * d, lq, H, W, mh, mw, d, 0);
+    SFX(pool_grid)(k + prefix * d, lk, H, W, mh, mw, d, 0);
+    int err = SFX(injective_grad)(cq, ck, M, v, g, dcq, dck, dM, dv, dmean + sl, n, m, d, norm_eps, contrast,
+                                 mean_w ? mean_w[h] : (TYPE)1);
+    if (!err) {
+        SFX(mtm)(M, dM, w, m, m, m);                /* dW = -M^T dM M^T (w holds M^T dM for now) */
+        SFX(mmt)(w, M, dW, m, m, m, bt);
+        for (int64_t e = 0; e < m * m; ++e) dW[e] = -dW[e];
+        SFX(transpose_pad)(lk, lkt, m, mk, d);      /* W = k(L_q, L_k) again, as the forward computed it */
+        SFX(kernel_matrix)(lq, lkt, w, m, m, mk, d, 1, scale);
+        memset(dq, 0, sizeof(TYPE) * (size_t)(2 * n * d));
+        memset(dlq, 0, sizeof(TYPE) * (size_t)(2 * m * d));
+        SFX(l1_kernel_grad)(q, lk, cq, dcq, dq, dlk, dcq, n, m, d, scale);     /* P overwrites dK */
+        SFX(l1_kernel_grad)(k, lq, ck, dck, dk, dlq, dck, n, m, d, scale);
+        SFX(l1_kernel_grad)(lq, lk, w, dW, dlq, dlk, dW, m, m, d, scale);
+        SFX(pool_grid_grad)(dlq, dq + prefix * d, H, W, mh, mw, d, 0);
+        SFX(pool_grid_grad)(dlk, dk + prefix * d, H, W, mh, mw, d, 0);
+        if (ksize > 0)
+            err = SFX(local_conv_grad)(v + prefix * d, g + prefix * d, conv_w + h * d * taps, taps, dv + prefix * d,
+                                      dconv_w + sl * d * taps, dconv_b + sl * d, H, W, d, ksize);
+    }
+    if (err) {
+        count_failure(&args->failed);
+    } else {
+        SFX(scatter_head)(dq, dy, b, n, 3 * C, h * d, d);
+        SFX(scatter_head)(dk, dy, b, n, 3 * C, C + h * d, d);
+        SFX(scatter_head)(dv, dy, b, n, 3 * C, 2 * C + h * d, d);
+    }
+    free(buf);
+}
+
 /* The backward of vitmix_laplacian_mix with `save`: from the qkv output y (B, n, 3C), gout = dL/dout (B, n, C),
  * the conv taps conv_w (C, ksize^2), the mean weights mean_w (heads) or NULL (1) and saved (B heads,
  * 2 n m + m^2), writes dy (B, n, 3C) (every element) and per slice dconv_w (B heads, d, ksize^2), dconv_b
@@ -201,57 +229,12 @@ int64_t SFX(vitmix_laplacian_mix_backward)(const TYPE *y, const TYPE *gout, cons
                                           int64_t B, int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads,
                                           int64_t d, int64_t mh, int64_t mw, TYPE scale, TYPE norm_eps, TYPE contrast,
                                           int64_t ksize, int nthreads) {
-    const int64_t C = heads * d, m = mh * mw, mk = (m + FJB - 1) / FJB * FJB, taps = ksize * ksize;
-    int64_t failed = 0;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
-    for (int64_t sl = 0; sl < B * heads; ++sl) {
-        const int64_t b = sl / heads, h = sl % heads;
-        const int64_t size = 7 * n * d + 4 * m * d + 4 * m * m + 2 * n * m + d * mk;
-        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
-        if (!buf) { failed += 1; continue; }
-        TYPE *q = buf, *k = q + n * d, *v = k + n * d, *g = v + n * d, *dq = g + n * d, *dk = dq + n * d;
-        TYPE *dv = dk + n * d, *lq = dv + n * d, *lk = lq + m * d, *dlq = lk + m * d, *dlk = dlq + m * d;
-        TYPE *w = dlk + m * d, *dW = w + m * m, *dM = dW + m * m, *dcq = dM + m * m, *dck = dcq + n * m;
-        TYPE *lkt = dck + n * m, *bt = lkt + d * mk;
-        const TYPE *cq = saved + sl * (2 * n * m + m * m), *ck = cq + n * m, *M = ck + n * m;
-        SFX(gather_head)(y, q, b, n, 3 * C, h * d, d, 1);
-        SFX(gather_head)(y, k, b, n, 3 * C, C + h * d, d, 1);
-        SFX(gather_head)(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
-        SFX(gather_head)(gout, g, b, n, C, h * d, d, 1);
-        SFX(pool_grid)(q + prefix * d, lq, H, W, mh, mw, d, 0);
-        SFX(pool_grid)(k + prefix * d, lk, H, W, mh, mw, d, 0);
-        int err = SFX(injective_grad)(cq, ck, M, v, g, dcq, dck, dM, dv, dmean + sl, n, m, d, norm_eps, contrast,
-                                     mean_w ? mean_w[h] : (TYPE)1);
-        if (!err) {
-            SFX(mtm)(M, dM, w, m, m, m);                /* dW = -M^T dM M^T (w holds M^T dM for now) */
-            SFX(mmt)(w, M, dW, m, m, m, bt);
-            for (int64_t e = 0; e < m * m; ++e) dW[e] = -dW[e];
-            SFX(transpose_pad)(lk, lkt, m, mk, d);      /* W = k(L_q, L_k) again, as the forward computed it */
-            SFX(kernel_matrix)(lq, lkt, w, m, m, mk, d, 1, scale);
-            memset(dq, 0, sizeof(TYPE) * (size_t)(2 * n * d));
-            memset(dlq, 0, sizeof(TYPE) * (size_t)(2 * m * d));
-            SFX(l1_kernel_grad)(q, lk, cq, dcq, dq, dlk, dcq, n, m, d, scale);     /* P overwrites dK */
-            SFX(l1_kernel_grad)(k, lq, ck, dck, dk, dlq, dck, n, m, d, scale);
-            SFX(l1_kernel_grad)(lq, lk, w, dW, dlq, dlk, dW, m, m, d, scale);
-            SFX(pool_grid_grad)(dlq, dq + prefix * d, H, W, mh, mw, d, 0);
-            SFX(pool_grid_grad)(dlk, dk + prefix * d, H, W, mh, mw, d, 0);
-            if (ksize > 0)
-                err = SFX(local_conv_grad)(v + prefix * d, g + prefix * d, conv_w + h * d * taps, taps, dv + prefix * d,
-                                          dconv_w + sl * d * taps, dconv_b + sl * d, H, W, d, ksize);
-        }
-        if (!err) {
-            TYPE *yb = dy + b * n * 3 * C;
-            for (int64_t i = 0; i < n; ++i) {
-                memcpy(yb + i * 3 * C + h * d, dq + i * d, sizeof(TYPE) * (size_t)d);
-                memcpy(yb + i * 3 * C + C + h * d, dk + i * d, sizeof(TYPE) * (size_t)d);
-                memcpy(yb + i * 3 * C + 2 * C + h * d, dv + i * d, sizeof(TYPE) * (size_t)d);
-            }
-        }
-        failed += err;
-        free(buf);
-    }
-    return failed;
+    SFX(laplacian_args) args = {.y = y, .gout = gout, .conv_w = conv_w, .mean_w = mean_w, .saved = saved, .dy = dy,
+                                .dconv_w = dconv_w, .dconv_b = dconv_b, .dmean = dmean, .n = n, .prefix = prefix,
+                                .H = H, .W = W, .heads = heads, .d = d, .mh = mh, .mw = mw, .ksize = ksize,
+                                .scale = scale, .norm_eps = norm_eps, .contrast = contrast};
+    parallel_for(SFX(laplacian_mix_backward_item), &args, B * heads, nthreads, 0);
+    return args.failed;
 }
 
 /* gx (n, d), gy (m, d) += the gradient of the Gaussian kernel K = exp(-|x_i - y_j|^2 / 2) (n x m) from dK:
@@ -322,6 +305,101 @@ static void SFX(soft_landmark_conv_grad)(const TYPE *g, const TYPE *lmt, const T
         }
 }
 
+static void SFX(soft_mix_backward_item)(void *ctx, int64_t sl, void *scratch) {
+    SFX(soft_args) *args = (SFX(soft_args) *)ctx;
+    const TYPE *qp = args->qp, *vp = args->vp, *lmt = args->lmt, *ln_w = args->ln_w, *ln_b = args->ln_b;
+    const TYPE *conv_w = args->conv_w, *gout = args->gout, *saved = args->saved;
+    TYPE *dqp = args->dqp, *dvp = args->dvp, *dlmt = args->dlmt, *dln_w = args->dln_w, *dln_b = args->dln_b;
+    TYPE *dconv_w = args->dconv_w;
+    const int64_t n = args->n, prefix = args->prefix, H = args->H, W = args->W, heads = args->heads, d = args->d;
+    const int64_t mh = args->mh, mw = args->mw, s = args->s, ksize = args->ksize;
+    const int64_t C = heads * d, m = mh * mw, mk = (m + JB - 1) / JB * JB, gh = mh * s, gw = mw * s;
+    const int64_t taps = ksize * ksize, wide = n > m ? n : m;
+    const TYPE ln_eps = args->ln_eps, scale = args->scale;
+    const int pool_first = args->pool_first, norm = args->norm;
+    (void)scratch;
+    const int64_t b = sl / heads, h = sl % heads;
+    const int64_t size = 5 * n * d + 8 * m * d + 6 * m * m + 2 * n * m + 2 * gh * gw * d + d * mk
+                         + wide * d + 3 * m + m * (m > d ? m : d) + d;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
+    if (!buf) { count_failure(&args->failed); return; }
+    TYPE *q = buf, *v = q + n * d, *g = v + n * d, *dq = g + n * d, *dv = dq + n * d, *lm = dv + n * d;
+    TYPE *dlm = lm + m * d, *dz = dlm + m * d, *kv = dz + m * d, *core = kv + m * d, *dcore = core + m * d;
+    TYPE *dkv = dcore + m * d, *lmtp = dkv + m * d, *w = lmtp + d * mk, *Mn = w + m * m, *dMn = Mn + m * m;
+    TYPE *dM = dMn + m * m, *dW = dM + m * m, *t1 = dW + m * m, *dC = t1 + m * m, *dC2 = dC + n * m;
+    TYPE *grid = dC2 + n * m, *dgrid = grid + gh * gw * d, *tmp = dgrid + gh * gw * d, *r = tmp + wide * d + m;
+    TYPE *dr = r + m, *bt = dr + m, *xhat = bt + m * (m > d ? m : d);
+    const TYPE *cq = saved + sl * (n * m + m * m + m * d), *M = cq + n * m, *z = M + m * m;
+    int err = 0;
+    SFX(gather_head)(qp, q, b, n, C, h * d, d, scale);
+    SFX(gather_head)(vp, v, b, n, C, h * d, d, 1);
+    SFX(gather_head)(gout, g, b, n, C, h * d, d, 1);
+    if (lmt) {                                /* the landmarks again, from the kept pre-norm values */
+        SFX(soft_conv_grid)(q + prefix * d, grid, H, W, gh, gw, d, pool_first);
+        SFX(ln_gelu)(z, lm, ln_w, ln_b, ln_eps, m, d);
+    } else {
+        memcpy(lm, z, sizeof(TYPE) * (size_t)(m * d));
+    }
+    SFX(transpose_pad)(lm, lmtp, m, mk, d);         /* W = k(L, L), as the forward computed it */
+    SFX(kernel_matrix)(lm, lmtp, w, m, m, mk, d, 0, (TYPE)0.5);
+    memcpy(Mn, M, sizeof(TYPE) * (size_t)(m * m));
+    if (norm == 1) SFX(soft_norm)(w, Mn, r, m);     /* SOFT-Norm: Mn = D^(-1/2) M D^(-1/2) */
+    SFX(mtm)(cq, v, kv, n, m, d);                   /* forward: kv = C_q^T V, core = Mn kv, out = C_q core */
+    SFX(mm)(Mn, kv, core, m, m, d);
+    SFX(mtm)(cq, g, dcore, n, m, d);                /* dcore = C_q^T g */
+    SFX(mmt)(g, core, dC, n, d, m, bt);             /* dC_q = g core^T + V dkv^T */
+    SFX(mmt)(dcore, kv, dMn, m, d, m, bt);          /* dMn = dcore kv^T */
+    SFX(mtm)(Mn, dcore, dkv, m, m, d);              /* dkv = Mn^T dcore */
+    SFX(mmt)(v, dkv, dC2, n, d, m, bt);
+    for (int64_t e = 0; e < n * m; ++e) dC[e] += dC2[e];
+    SFX(mm)(cq, dkv, dv, n, m, d);                  /* dV = C_q dkv (+ the local filter's, below) */
+    for (int64_t e = 0; e < m * m; ++e) dM[e] = dMn[e];
+    if (norm == 1) {                               /* Mn_ac = r_a M_ac r_c, r = (W 1)^(-1/2) */
+        for (int64_t a = 0; a < m; ++a) dr[a] = 0;
+        for (int64_t a = 0; a < m; ++a)
+            for (int64_t c = 0; c < m; ++c) {
+                const TYPE gm = dMn[a * m + c] * M[a * m + c];
+                dM[a * m + c] = dMn[a * m + c] * r[a] * r[c];
+                dr[a] += gm * r[c];
+                dr[c] += gm * r[a];
+            }
+    }
+    SFX(mtm)(M, dM, t1, m, m, m);                   /* dW = -M^T dM M^T (+ the row sums' gradient) */
+    SFX(mmt)(t1, M, dW, m, m, m, bt);
+    for (int64_t a = 0; a < m; ++a) {
+        const TYPE drow = norm == 1 ? (TYPE)-0.5 * r[a] * r[a] * r[a] * dr[a] : (TYPE)0;
+        for (int64_t c = 0; c < m; ++c) dW[a * m + c] = drow - dW[a * m + c];
+    }
+    memset(dq, 0, sizeof(TYPE) * (size_t)(n * d));
+    memset(dlm, 0, sizeof(TYPE) * (size_t)(m * d));
+    SFX(gauss_kernel_grad)(q, lm, cq, dC, dq, dlm, tmp, n, m, d);
+    SFX(gauss_kernel_grad)(lm, lm, w, dW, dlm, dlm, tmp, m, m, d);
+    if (lmt) {                                    /* GELU, LayerNorm, the strided conv, its input grid */
+        SFX(ln_gelu_grad)(z, dlm, dz, ln_w, ln_b, ln_eps, dln_w + sl * d, dln_b + sl * d, xhat, m, d);
+        SFX(soft_landmark_conv_grad)(grid, lmt, dz, dlmt + sl * s * s * d * d, dgrid, mh, mw, s, d);
+        if (pool_first) {
+            SFX(pool_grid_grad)(dgrid, dq + prefix * d, H, W, gh, gw, d, 0);
+        } else {
+            for (int64_t rr = 0; rr < gh; ++rr)
+                for (int64_t e = 0; e < gw * d; ++e) dq[(prefix + rr * W) * d + e] += dgrid[rr * gw * d + e];
+        }
+    } else {
+        SFX(pool_grid_grad)(dlm, dq + prefix * d, H, W, mh, mw, d, pool_first ? 0 : s);
+    }
+    if (ksize > 0)
+        err = SFX(local_conv_grad)(v + prefix * d, g + prefix * d, conv_w + h * taps, 0, dv + prefix * d,
+                                  dconv_w + sl * taps, NULL, H, W, d, ksize);
+    if (err)
+        count_failure(&args->failed);
+    else
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t c = 0; c < d; ++c) {
+                dqp[(b * n + i) * C + h * d + c] = scale * dq[i * d + c];
+                dvp[(b * n + i) * C + h * d + c] = dv[i * d + c];
+            }
+    free(buf);
+}
+
 /* The backward of vitmix_soft_mix with `save`: from qp, vp (B, n, C), the landmark module's weights (as the
  * forward), the per-head filter conv_w (heads, ksize^2), gout = dL/dout (B, n, C) and saved (B heads,
  * n m + m^2 + m d), writes dqp, dvp (B, n, C) (every element) and per slice dlmt (B heads, s, s, d_in, d_out),
@@ -336,94 +414,14 @@ int64_t SFX(vitmix_soft_mix_backward)(const TYPE *qp, const TYPE *vp, const TYPE
                                      TYPE *dconv_w, int64_t B, int64_t n, int64_t prefix, int64_t H, int64_t W,
                                      int64_t heads, int64_t d, int64_t mh, int64_t mw, int64_t s, int pool_first,
                                      TYPE scale, int norm, int64_t ksize, int nthreads) {
-    const int64_t C = heads * d, m = mh * mw, mk = (m + FJB - 1) / FJB * FJB, gh = mh * s, gw = mw * s;
-    const int64_t taps = ksize * ksize, wide = n > m ? n : m;
-    int64_t failed = 0;
     TYPE *lmt = lm_w ? SFX(soft_conv_taps)(lm_w, s, d) : NULL;
     if (lm_w && !lmt) return B * heads;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
-    for (int64_t sl = 0; sl < B * heads; ++sl) {
-        const int64_t b = sl / heads, h = sl % heads;
-        const int64_t size = 5 * n * d + 8 * m * d + 6 * m * m + 2 * n * m + 2 * gh * gw * d + d * mk
-                             + wide * d + 3 * m + m * (m > d ? m : d) + d;
-        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)size);
-        if (!buf) { failed += 1; continue; }
-        TYPE *q = buf, *v = q + n * d, *g = v + n * d, *dq = g + n * d, *dv = dq + n * d, *lm = dv + n * d;
-        TYPE *dlm = lm + m * d, *dz = dlm + m * d, *kv = dz + m * d, *core = kv + m * d, *dcore = core + m * d;
-        TYPE *dkv = dcore + m * d, *lmtp = dkv + m * d, *w = lmtp + d * mk, *Mn = w + m * m, *dMn = Mn + m * m;
-        TYPE *dM = dMn + m * m, *dW = dM + m * m, *t1 = dW + m * m, *dC = t1 + m * m, *dC2 = dC + n * m;
-        TYPE *grid = dC2 + n * m, *dgrid = grid + gh * gw * d, *tmp = dgrid + gh * gw * d, *r = tmp + wide * d + m;
-        TYPE *dr = r + m, *bt = dr + m, *xhat = bt + m * (m > d ? m : d);
-        const TYPE *cq = saved + sl * (n * m + m * m + m * d), *M = cq + n * m, *z = M + m * m;
-        int err = 0;
-        SFX(gather_head)(qp, q, b, n, C, h * d, d, scale);
-        SFX(gather_head)(vp, v, b, n, C, h * d, d, 1);
-        SFX(gather_head)(gout, g, b, n, C, h * d, d, 1);
-        if (lm_w) {                                /* the landmarks again, from the kept pre-norm values */
-            SFX(soft_conv_grid)(q + prefix * d, grid, H, W, gh, gw, d, pool_first);
-            SFX(ln_gelu)(z, lm, ln_w, ln_b, ln_eps, m, d);
-        } else {
-            memcpy(lm, z, sizeof(TYPE) * (size_t)(m * d));
-        }
-        SFX(transpose_pad)(lm, lmtp, m, mk, d);         /* W = k(L, L), as the forward computed it */
-        SFX(kernel_matrix)(lm, lmtp, w, m, m, mk, d, 0, (TYPE)0.5);
-        memcpy(Mn, M, sizeof(TYPE) * (size_t)(m * m));
-        if (norm == 1) SFX(soft_norm)(w, Mn, r, m);     /* SOFT-Norm: Mn = D^(-1/2) M D^(-1/2) */
-        SFX(mtm)(cq, v, kv, n, m, d);                   /* forward: kv = C_q^T V, core = Mn kv, out = C_q core */
-        SFX(mm)(Mn, kv, core, m, m, d);
-        SFX(mtm)(cq, g, dcore, n, m, d);                /* dcore = C_q^T g */
-        SFX(mmt)(g, core, dC, n, d, m, bt);             /* dC_q = g core^T + V dkv^T */
-        SFX(mmt)(dcore, kv, dMn, m, d, m, bt);          /* dMn = dcore kv^T */
-        SFX(mtm)(Mn, dcore, dkv, m, m, d);              /* dkv = Mn^T dcore */
-        SFX(mmt)(v, dkv, dC2, n, d, m, bt);
-        for (int64_t e = 0; e < n * m; ++e) dC[e] += dC2[e];
-        SFX(mm)(cq, dkv, dv, n, m, d);                  /* dV = C_q dkv (+ the local filter's, below) */
-        for (int64_t e = 0; e < m * m; ++e) dM[e] = dMn[e];
-        if (norm == 1) {                               /* Mn_ac = r_a M_ac r_c, r = (W 1)^(-1/2) */
-            for (int64_t a = 0; a < m; ++a) dr[a] = 0;
-            for (int64_t a = 0; a < m; ++a)
-                for (int64_t c = 0; c < m; ++c) {
-                    const TYPE gm = dMn[a * m + c] * M[a * m + c];
-                    dM[a * m + c] = dMn[a * m + c] * r[a] * r[c];
-                    dr[a] += gm * r[c];
-                    dr[c] += gm * r[a];
-                }
-        }
-        SFX(mtm)(M, dM, t1, m, m, m);                   /* dW = -M^T dM M^T (+ the row sums' gradient) */
-        SFX(mmt)(t1, M, dW, m, m, m, bt);
-        for (int64_t a = 0; a < m; ++a) {
-            const TYPE drow = norm == 1 ? (TYPE)-0.5 * r[a] * r[a] * r[a] * dr[a] : (TYPE)0;
-            for (int64_t c = 0; c < m; ++c) dW[a * m + c] = drow - dW[a * m + c];
-        }
-        memset(dq, 0, sizeof(TYPE) * (size_t)(n * d));
-        memset(dlm, 0, sizeof(TYPE) * (size_t)(m * d));
-        SFX(gauss_kernel_grad)(q, lm, cq, dC, dq, dlm, tmp, n, m, d);
-        SFX(gauss_kernel_grad)(lm, lm, w, dW, dlm, dlm, tmp, m, m, d);
-        if (lm_w) {                                    /* GELU, LayerNorm, the strided conv, its input grid */
-            SFX(ln_gelu_grad)(z, dlm, dz, ln_w, ln_b, ln_eps, dln_w + sl * d, dln_b + sl * d, xhat, m, d);
-            SFX(soft_landmark_conv_grad)(grid, lmt, dz, dlmt + sl * s * s * d * d, dgrid, mh, mw, s, d);
-            if (pool_first) {
-                SFX(pool_grid_grad)(dgrid, dq + prefix * d, H, W, gh, gw, d, 0);
-            } else {
-                for (int64_t rr = 0; rr < gh; ++rr)
-                    for (int64_t e = 0; e < gw * d; ++e) dq[(prefix + rr * W) * d + e] += dgrid[rr * gw * d + e];
-            }
-        } else {
-            SFX(pool_grid_grad)(dlm, dq + prefix * d, H, W, mh, mw, d, pool_first ? 0 : s);
-        }
-        if (ksize > 0)
-            err = SFX(local_conv_grad)(v + prefix * d, g + prefix * d, conv_w + h * taps, 0, dv + prefix * d,
-                                      dconv_w + sl * taps, NULL, H, W, d, ksize);
-        if (!err)
-            for (int64_t i = 0; i < n; ++i)
-                for (int64_t c = 0; c < d; ++c) {
-                    dqp[(b * n + i) * C + h * d + c] = scale * dq[i * d + c];
-                    dvp[(b * n + i) * C + h * d + c] = dv[i * d + c];
-                }
-        failed += err;
-        free(buf);
-    }
+    SFX(soft_args) args = {.qp = qp, .vp = vp, .lmt = lmt, .ln_w = ln_w, .ln_b = ln_b, .conv_w = conv_w, .gout = gout,
+                           .saved = saved, .dqp = dqp, .dvp = dvp, .dlmt = dlmt, .dln_w = dln_w, .dln_b = dln_b,
+                           .dconv_w = dconv_w, .n = n, .prefix = prefix, .H = H, .W = W, .heads = heads, .d = d,
+                           .mh = mh, .mw = mw, .s = s, .ksize = ksize, .ln_eps = ln_eps, .scale = scale,
+                           .pool_first = pool_first, .norm = norm};
+    parallel_for(SFX(soft_mix_backward_item), &args, B * heads, nthreads, 0);
     free(lmt);
-    return failed;
+    return args.failed;
 }

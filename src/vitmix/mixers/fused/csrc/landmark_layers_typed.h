@@ -1,9 +1,10 @@
 /* LaplacianFormer's and SOFT's whole token mixing for one dtype (see landmark_layers.c): qkv gather, landmark
  * pooling or conv + LayerNorm + GELU, the Nystrom slice of nystrom_core_typed.h, the local conv, head merge. */
-/* the bounds [floor(i n / o), ceil((i + 1) n / o)) of window i of o over n cells (F.adaptive_avg_pool2d's) */
-static void SFX(window)(int64_t i, int64_t n, int64_t o, int64_t *lo, int64_t *hi) {
-    *lo = (i * n) / o;
-    *hi = ((i + 1) * n + o - 1) / o;
+/* the cells [lo, hi) of window i of o over n cells: the stride x stride tile i when stride > 0 (as avg_pool2d),
+ * else [floor(i n / o), ceil((i + 1) n / o)) (F.adaptive_avg_pool2d's) */
+static void SFX(window)(int64_t i, int64_t n, int64_t o, int64_t stride, int64_t *lo, int64_t *hi) {
+    *lo = stride ? i * stride : (i * n) / o;
+    *hi = stride ? *lo + stride : ((i + 1) * n + o - 1) / o;
 }
 
 /* pooled (oh * ow, d) = window means of the H x W grid rows of x (row stride d): adaptive windows, or with
@@ -11,10 +12,10 @@ static void SFX(window)(int64_t i, int64_t n, int64_t o, int64_t *lo, int64_t *h
 static void SFX(pool_grid)(const TYPE *x, TYPE *pooled, int64_t H, int64_t W, int64_t oh, int64_t ow, int64_t d,
                           int64_t stride) {
     for (int64_t a = 0; a < oh; ++a) {
-        int64_t r0 = a * stride, r1 = r0 + stride, c0, c1;
-        if (!stride) SFX(window)(a, H, oh, &r0, &r1);
+        int64_t r0, r1, c0, c1;
+        SFX(window)(a, H, oh, stride, &r0, &r1);
         for (int64_t b = 0; b < ow; ++b) {
-            if (stride) { c0 = b * stride; c1 = c0 + stride; } else SFX(window)(b, W, ow, &c0, &c1);
+            SFX(window)(b, W, ow, stride, &c0, &c1);
             TYPE *pj = pooled + (a * ow + b) * d;
             for (int64_t c = 0; c < d; ++c) pj[c] = 0;
             for (int64_t r = r0; r < r1; ++r)
@@ -26,33 +27,59 @@ static void SFX(pool_grid)(const TYPE *x, TYPE *pooled, int64_t H, int64_t W, in
     }
 }
 
-/* o (grid rows, d) += the depthwise ksize x ksize conv (zero padding) of the H x W grid rows of v: channel c
- * uses the filter at w + c * wstride (wstride = ksize^2: one per channel; 0: one shared by all d, SOFT's
- * per-head filter) and bias[c] if bias. The taps are first laid out as (ksize^2, d) so that the inner loop
- * runs over contiguous channels. */
-static int SFX(local_conv)(const TYPE *v, TYPE *o, const TYPE *w, int64_t wstride, const TYPE *bias, int64_t H,
-                          int64_t W, int64_t d, int64_t ksize) {
-    const int64_t pad = ksize / 2, taps = ksize * ksize;
-    TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(taps * d));
-    if (!wt) return 1;
+/* wt (ksize^2, d) = the taps of the depthwise filters: channel c's filter at w + c * wstride (wstride = ksize^2:
+ * one per channel; 0: one shared by all d, SOFT's per-head filter), laid out so that the conv's inner loops run
+ * over contiguous channels */
+static void SFX(conv_taps)(const TYPE *w, int64_t wstride, TYPE *wt, int64_t taps, int64_t d) {
     for (int64_t t = 0; t < taps; ++t)
         for (int64_t c = 0; c < d; ++c) wt[t * d + c] = w[c * wstride + t];
+}
+
+/* The depthwise ksize x ksize conv (zero padding) of the H x W grid rows (d channels) with taps wt (ksize^2, d),
+ * one loop for both directions: every cell, then every tap whose neighbour lies inside the grid. Forward
+ * (g NULL): o[cell] += wt[tap] v[neighbour]. Backward (g: the gradient of the forward's o): o[neighbour] +=
+ * wt[tap] g[cell] (v's gradient) and gwt[tap] += g[cell] v[neighbour] (the taps'). */
+static void SFX(conv_pass)(const TYPE *v, const TYPE *wt, const TYPE *g, TYPE *o, TYPE *gwt, int64_t H, int64_t W,
+                          int64_t d, int64_t ksize) {
+    const int64_t pad = ksize / 2;
     for (int64_t r = 0; r < H; ++r)
         for (int64_t cc = 0; cc < W; ++cc) {
-            TYPE *restrict oi = o + (r * W + cc) * d;
-            if (bias)
-                for (int64_t c = 0; c < d; ++c) oi[c] += bias[c];
+            const int64_t cell = (r * W + cc) * d;
             for (int64_t dy = 0; dy < ksize; ++dy) {
                 const int64_t rr = r + dy - pad;
                 if (rr < 0 || rr >= H) continue;
                 for (int64_t dx = 0; dx < ksize; ++dx) {
                     const int64_t xx = cc + dx - pad;
                     if (xx < 0 || xx >= W) continue;
-                    const TYPE *restrict vi = v + (rr * W + xx) * d, *restrict wk = wt + (dy * ksize + dx) * d;
-                    for (int64_t c = 0; c < d; ++c) oi[c] += wk[c] * vi[c];
+                    const int64_t t = dy * ksize + dx, nb = (rr * W + xx) * d;
+                    const TYPE *restrict vi = v + nb, *restrict wk = wt + t * d;
+                    if (!g) {
+                        TYPE *restrict oi = o + cell;
+                        for (int64_t c = 0; c < d; ++c) oi[c] += wk[c] * vi[c];
+                    } else {
+                        const TYPE *restrict gi = g + cell;
+                        TYPE *restrict gvi = o + nb, *restrict gk = gwt + t * d;
+                        for (int64_t c = 0; c < d; ++c) {
+                            gvi[c] += wk[c] * gi[c];
+                            gk[c] += gi[c] * vi[c];
+                        }
+                    }
                 }
             }
         }
+}
+
+/* o (grid rows, d) += bias (d) if bias, then the depthwise ksize x ksize conv (zero padding) of the H x W grid
+ * rows of v with the filters w (see conv_taps). Nonzero when out of memory. */
+static int SFX(local_conv)(const TYPE *v, TYPE *o, const TYPE *w, int64_t wstride, const TYPE *bias, int64_t H,
+                          int64_t W, int64_t d, int64_t ksize) {
+    TYPE *wt = (TYPE *)malloc(sizeof(TYPE) * (size_t)(ksize * ksize * d));
+    if (!wt) return 1;
+    SFX(conv_taps)(w, wstride, wt, ksize * ksize, d);
+    if (bias)
+        for (int64_t e = 0; e < H * W; ++e)
+            for (int64_t c = 0; c < d; ++c) o[e * d + c] += bias[c];
+    SFX(conv_pass)(v, wt, NULL, o, NULL, H, W, d, ksize);
     free(wt);
     return 0;
 }
@@ -63,6 +90,49 @@ static void SFX(gather_head)(const TYPE *x, TYPE *dst, int64_t b, int64_t n, int
     const TYPE *xb = x + b * n * stride + col;
     for (int64_t i = 0; i < n; ++i)
         for (int64_t c = 0; c < d; ++c) dst[i * d + c] = scale * xb[i * stride + c];
+}
+
+/* src (n, d) into rows [0, n) of column block col of x (B, n, stride) for batch b: gather_head's inverse */
+static void SFX(scatter_head)(const TYPE *src, TYPE *x, int64_t b, int64_t n, int64_t stride, int64_t col, int64_t d) {
+    TYPE *xb = x + b * n * stride + col;
+    for (int64_t i = 0; i < n; ++i) memcpy(xb + i * stride, src + i * d, sizeof(TYPE) * (size_t)d);
+}
+
+/* one call's arguments (forward or backward), read by its work items: one (batch, head) slice each */
+typedef struct {
+    const TYPE *y, *gout, *conv_w, *conv_b, *mean_w, *saved;
+    TYPE *out, *save, *dy, *dconv_w, *dconv_b, *dmean;
+    int64_t n, prefix, H, W, heads, d, mh, mw, iters, ksize, failed;
+    TYPE scale, eps, norm_eps, contrast;
+    int rule;
+} SFX(laplacian_args);
+
+static void SFX(laplacian_mix_item)(void *ctx, int64_t sl, void *scratch) {
+    SFX(laplacian_args) *args = (SFX(laplacian_args) *)ctx;
+    const TYPE *y = args->y, *conv_w = args->conv_w, *conv_b = args->conv_b, *mean_w = args->mean_w;
+    TYPE *out = args->out, *save = args->save;
+    const int64_t n = args->n, prefix = args->prefix, H = args->H, W = args->W, heads = args->heads, d = args->d;
+    const int64_t mh = args->mh, mw = args->mw, iters = args->iters, ksize = args->ksize, C = heads * d, m = mh * mw;
+    const TYPE scale = args->scale, eps = args->eps, norm_eps = args->norm_eps, contrast = args->contrast;
+    const int rule = args->rule;
+    (void)scratch;
+    const int64_t b = sl / heads, h = sl % heads;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(4 * n * d + 2 * m * d));
+    if (!buf) { count_failure(&args->failed); return; }
+    TYPE *q = buf, *k = q + n * d, *v = k + n * d, *o = v + n * d, *lq = o + n * d, *lk = lq + m * d;
+    SFX(gather_head)(y, q, b, n, 3 * C, h * d, d, 1);
+    SFX(gather_head)(y, k, b, n, 3 * C, C + h * d, d, 1);
+    SFX(gather_head)(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
+    SFX(pool_grid)(q + prefix * d, lq, H, W, mh, mw, d, 0);
+    SFX(pool_grid)(k + prefix * d, lk, H, W, mh, mw, d, 0);
+    int err = SFX(slice)(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast,
+                        mean_w ? mean_w[h] : (TYPE)1, save ? save + sl * (2 * n * m + m * m) : NULL);
+    if (!err && ksize > 0)
+        err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
+                             conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
+    if (err) count_failure(&args->failed);
+    else SFX(scatter_head)(o, out, b, n, C, h * d, d);
+    free(buf);
 }
 
 /* LaplacianFormer's whole token mixing, per (batch, head) slice, from the fused qkv
@@ -78,31 +148,12 @@ int64_t SFX(vitmix_laplacian_mix)(const TYPE *y, const TYPE *conv_w, const TYPE 
                                  int64_t n, int64_t prefix, int64_t H, int64_t W, int64_t heads, int64_t d,
                                  int64_t mh, int64_t mw, TYPE scale, TYPE eps, int64_t iters, int rule, TYPE norm_eps,
                                  TYPE contrast, const TYPE *mean_w, int64_t ksize, TYPE *save, int nthreads) {
-    const int64_t C = heads * d, m = mh * mw;
-    int64_t failed = 0;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
-    for (int64_t sl = 0; sl < B * heads; ++sl) {
-        const int64_t b = sl / heads, h = sl % heads;
-        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(4 * n * d + 2 * m * d));
-        if (!buf) { failed += 1; continue; }
-        TYPE *q = buf, *k = q + n * d, *v = k + n * d, *o = v + n * d, *lq = o + n * d, *lk = lq + m * d;
-        SFX(gather_head)(y, q, b, n, 3 * C, h * d, d, 1);
-        SFX(gather_head)(y, k, b, n, 3 * C, C + h * d, d, 1);
-        SFX(gather_head)(y, v, b, n, 3 * C, 2 * C + h * d, d, 1);
-        SFX(pool_grid)(q + prefix * d, lq, H, W, mh, mw, d, 0);
-        SFX(pool_grid)(k + prefix * d, lk, H, W, mh, mw, d, 0);
-        int err = SFX(slice)(q, k, v, lq, lk, o, n, n, m, d, d, 1, scale, 0, eps, iters, rule, 2, norm_eps, contrast,
-                            mean_w ? mean_w[h] : (TYPE)1, save ? save + sl * (2 * n * m + m * m) : NULL);
-        if (!err && ksize > 0)
-            err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * d * ksize * ksize, ksize * ksize,
-                                 conv_b ? conv_b + h * d : NULL, H, W, d, ksize);
-        if (!err)
-            for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
-        failed += err;
-        free(buf);
-    }
-    return failed;
+    SFX(laplacian_args) args = {.y = y, .conv_w = conv_w, .conv_b = conv_b, .mean_w = mean_w, .out = out, .save = save,
+                                .n = n, .prefix = prefix, .H = H, .W = W, .heads = heads, .d = d, .mh = mh, .mw = mw,
+                                .iters = iters, .ksize = ksize, .scale = scale, .eps = eps, .norm_eps = norm_eps,
+                                .contrast = contrast, .rule = rule};
+    parallel_for(SFX(laplacian_mix_item), &args, B * heads, nthreads, 0);
+    return args.failed;
 }
 
 /* the grid SOFT's landmark conv reads, g (gh x gw, d), from the H x W grid rows of q: adaptively pooled to
@@ -169,6 +220,49 @@ static void SFX(ln_gelu)(const TYPE *z, TYPE *lm, const TYPE *ln_w, const TYPE *
     }
 }
 
+/* one call's arguments (forward or backward), read by its work items: one (batch, head) slice each */
+typedef struct {
+    const TYPE *qp, *vp, *lmt, *ln_w, *ln_b, *conv_w, *gout, *saved;
+    TYPE *out, *save, *dqp, *dvp, *dlmt, *dln_w, *dln_b, *dconv_w;
+    int64_t n, prefix, H, W, heads, d, mh, mw, s, iters, ksize, failed;
+    TYPE ln_eps, scale, eps;
+    int pool_first, rule, norm;
+} SFX(soft_args);
+
+static void SFX(soft_mix_item)(void *ctx, int64_t sl, void *scratch) {
+    SFX(soft_args) *args = (SFX(soft_args) *)ctx;
+    const TYPE *qp = args->qp, *vp = args->vp, *lmt = args->lmt, *ln_w = args->ln_w, *ln_b = args->ln_b;
+    const TYPE *conv_w = args->conv_w;
+    TYPE *out = args->out, *save = args->save;
+    const int64_t n = args->n, prefix = args->prefix, H = args->H, W = args->W, heads = args->heads, d = args->d;
+    const int64_t mh = args->mh, mw = args->mw, s = args->s, iters = args->iters, ksize = args->ksize;
+    const int64_t C = heads * d, m = mh * mw, gh = mh * s, gw = mw * s, per_slice = n * m + m * m + m * d;
+    const TYPE ln_eps = args->ln_eps, scale = args->scale, eps = args->eps;
+    const int pool_first = args->pool_first, rule = args->rule, norm = args->norm;
+    (void)scratch;
+    const int64_t b = sl / heads, h = sl % heads;
+    TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(3 * n * d + 2 * m * d + gh * gw * d));
+    if (!buf) { count_failure(&args->failed); return; }
+    TYPE *q = buf, *v = q + n * d, *o = v + n * d, *lm = o + n * d, *z = lm + m * d, *g = z + m * d;
+    TYPE *keep = save ? save + sl * per_slice : NULL;
+    SFX(gather_head)(qp, q, b, n, C, h * d, d, scale);
+    SFX(gather_head)(vp, v, b, n, C, h * d, d, 1);
+    if (lmt) {
+        SFX(soft_conv_grid)(q + prefix * d, g, H, W, gh, gw, d, pool_first);
+        SFX(soft_landmark_conv)(g, lmt, z, mh, mw, s, d);
+        SFX(ln_gelu)(z, lm, ln_w, ln_b, ln_eps, m, d);
+    } else {
+        SFX(pool_grid)(q + prefix * d, lm, H, W, mh, mw, d, pool_first ? 0 : s);
+    }
+    if (keep) memcpy(keep + n * m + m * m, lmt ? z : lm, sizeof(TYPE) * (size_t)(m * d));
+    int err = SFX(slice)(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, keep);
+    if (!err && ksize > 0)
+        err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
+    if (err) count_failure(&args->failed);
+    else SFX(scatter_head)(o, out, b, n, C, h * d, d);
+    free(buf);
+}
+
 /* SOFT's whole token mixing, per (batch, head) slice, from its projections qp = W_q x and vp = W_v x
  * (B, n, C): queries q = scale * qp; landmarks from the grid queries, either (lm_w != NULL, "conv") a
  * stride x stride stride-s convolution lm_w (d, d, s, s) of the grid (first adaptively pooled to
@@ -183,36 +277,13 @@ int64_t SFX(vitmix_soft_mix)(const TYPE *qp, const TYPE *vp, const TYPE *lm_w, c
                             int64_t W, int64_t heads, int64_t d, int64_t mh, int64_t mw, int64_t s, int pool_first,
                             TYPE scale, TYPE eps, int64_t iters, int rule, int norm, int64_t ksize, TYPE *save,
                             int nthreads) {
-    const int64_t C = heads * d, m = mh * mw, gh = mh * s, gw = mw * s, per_slice = n * m + m * m + m * d;
-    int64_t failed = 0;
     TYPE *lmt = lm_w ? SFX(soft_conv_taps)(lm_w, s, d) : NULL;
     if (lm_w && !lmt) return B * heads;
-    (void)nthreads;                        /* only the OpenMP pragma reads it */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(+:failed)
-    for (int64_t sl = 0; sl < B * heads; ++sl) {
-        const int64_t b = sl / heads, h = sl % heads;
-        TYPE *buf = (TYPE *)malloc(sizeof(TYPE) * (size_t)(3 * n * d + 2 * m * d + gh * gw * d));
-        if (!buf) { failed += 1; continue; }
-        TYPE *q = buf, *v = q + n * d, *o = v + n * d, *lm = o + n * d, *z = lm + m * d, *g = z + m * d;
-        TYPE *keep = save ? save + sl * per_slice : NULL;
-        SFX(gather_head)(qp, q, b, n, C, h * d, d, scale);
-        SFX(gather_head)(vp, v, b, n, C, h * d, d, 1);
-        if (lm_w) {
-            SFX(soft_conv_grid)(q + prefix * d, g, H, W, gh, gw, d, pool_first);
-            SFX(soft_landmark_conv)(g, lmt, z, mh, mw, s, d);
-            SFX(ln_gelu)(z, lm, ln_w, ln_b, ln_eps, m, d);
-        } else {
-            SFX(pool_grid)(q + prefix * d, lm, H, W, mh, mw, d, pool_first ? 0 : s);
-        }
-        if (keep) memcpy(keep + n * m + m * m, lm_w ? z : lm, sizeof(TYPE) * (size_t)(m * d));
-        int err = SFX(slice)(q, q, v, lm, lm, o, n, n, m, d, d, 0, (TYPE)0.5, 1, eps, iters, rule, norm, 0, 1, 1, keep);
-        if (!err && ksize > 0)
-            err = SFX(local_conv)(v + prefix * d, o + prefix * d, conv_w + h * ksize * ksize, 0, NULL, H, W, d, ksize);
-        if (!err)
-            for (int64_t i = 0; i < n; ++i) memcpy(out + (b * n + i) * C + h * d, o + i * d, sizeof(TYPE) * (size_t)d);
-        failed += err;
-        free(buf);
-    }
+    SFX(soft_args) args = {.qp = qp, .vp = vp, .lmt = lmt, .ln_w = ln_w, .ln_b = ln_b, .conv_w = conv_w, .out = out,
+                           .save = save, .n = n, .prefix = prefix, .H = H, .W = W, .heads = heads, .d = d, .mh = mh,
+                           .mw = mw, .s = s, .iters = iters, .ksize = ksize, .ln_eps = ln_eps, .scale = scale,
+                           .eps = eps, .pool_first = pool_first, .rule = rule, .norm = norm};
+    parallel_for(SFX(soft_mix_item), &args, B * heads, nthreads, 0);
     free(lmt);
-    return failed;
+    return args.failed;
 }
