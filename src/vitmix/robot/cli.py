@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-_TASKS = "lift | can"
+_TASKS = "lift | can | pusht (pusht: no scripted expert; train on your own demos)"
 
 
 def _csv(text: str):
@@ -20,8 +20,8 @@ def _ints(text: str):
 
 def add_parser(sub) -> None:
     r = sub.add_parser("robot", help="robot imitation: scripted demos, ViT-encoder diffusion policy, rollouts",
-                       description="Robot imitation learning (robosuite Lift/Can) with a vitmix ViT as the image "
-                                   "encoder of a diffusion policy; needs pip install 'vitmix[robot]' "
+                       description="Robot imitation learning (robosuite Lift/Can, a 2-D PushT) with a vitmix ViT as "
+                                   "the image encoder of a diffusion policy; needs pip install 'vitmix[robot]' "
                                    "(docs/robot.md).")
     jobs = r.add_subparsers(dest="robot_command", metavar="JOB")
 

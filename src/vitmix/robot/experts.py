@@ -14,7 +14,11 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["ScriptedExpert"]
+__all__ = ["NO_EXPERT", "ScriptedExpert"]
+
+#: tasks without a scripted expert, and why (`vitmix robot demos` refuses them; the comparison says so)
+NO_EXPERT = {"pusht": "no offline demonstrations: the official ones (pusht.zip) are a download, and no scripted "
+                      "expert built here reaches the 0.8 mean coverage asked of demonstrations"}
 
 _OPEN, _CLOSED = -1.0, 1.0
 
