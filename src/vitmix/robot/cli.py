@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-_TASKS = "lift | can | pusht (pusht: no scripted expert; train on your own demos)"
+_TASKS = "lift | can | pusht"
 
 
 def _csv(text: str):

@@ -4,9 +4,7 @@ with one recipe, resumable at every level, and the results table.
 Layout of ``--out``: ``demos/<task>/demos.hdf5`` (seed 0, shared by every mixer), ``runs/<task>-<mixer>-s<seed>/``
 (training runs with their ``eval-seed<S>-n<R>/``), and ``results.csv`` / ``results.md``: per task and
 mixer the mean ± std success over seeds with the per-seed values, the mean over tasks, and whether
-the paper's claim (Fibottention ≥ dense and ≥ BigBird on that mean) holds. A task without a scripted
-expert (PushT) is run only when ``demos/<task>/demos.hdf5`` was put there by hand; otherwise the table
-says why it has no number. Rerunning the same command
+the paper's claim (Fibottention ≥ dense and ≥ BigBird on that mean) holds. Rerunning the same command
 after an interruption continues: finished demos, runs and evaluations are kept, a training run resumes.
 """
 from __future__ import annotations
@@ -14,7 +12,7 @@ from __future__ import annotations
 import json
 import platform
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 import torch
@@ -22,7 +20,6 @@ import torch
 from .._util import markdown_table, write_csv
 from ..runs.checkpoints import save_text
 from .demos import DEMO_FILE, make_demos
-from .experts import NO_EXPERT
 from .runner import RobotTrainConfig, eval_dir, evaluate_policy, train_policy
 from .sim import check_task
 
@@ -42,20 +39,14 @@ def run_comparison(out, tasks: Sequence[str] = ("lift", "can"), mixers: Sequence
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
         raise ValueError(f"--rollouts must be a positive integer, got {rollouts!r}")
     out = Path(out)
-    rows, demo_info, no_number = [], {}, {}
+    rows, demo_info = [], {}
     for task in tasks:
         demos = out / "demos" / task
         if not (demos / DEMO_FILE).is_file():
-            if task in NO_EXPERT:
-                no_number[task] = NO_EXPERT[task]
-                log(f"== {task}: no number ({NO_EXPERT[task]})")
-                continue
             log(f"== demonstrations: {task}")
             make_demos(task, episodes, demos, noise=noise, seed=0, log=log)
         demo_info[task] = _demo_summary(demos / DEMO_FILE)
-    if not demo_info:
-        raise ValueError(f"none of --tasks {','.join(tasks)} has demonstrations to train on; add lift or can")
-    for task in demo_info:
+    for task in tasks:
         for mixer in mixers:
             for seed in seeds:
                 run = out / "runs" / f"{task}-{mixer}-s{seed}"
@@ -73,7 +64,7 @@ def run_comparison(out, tasks: Sequence[str] = ("lift", "can"), mixers: Sequence
                              "rollouts": rollouts, "train_steps": summary["train_steps"],
                              "train_seconds": history[-1]["seconds"], "eval_seconds": summary["seconds"]})
     write_csv(out / "results.csv", rows)
-    save_text(out / "results.md", results_table(rows, demo_info, no_number))
+    save_text(out / "results.md", results_table(rows, demo_info))
     log(f"{out / 'results.md'} written")
     return rows
 
@@ -87,10 +78,8 @@ def _demo_summary(path: Path) -> Dict[str, object]:
                 "noise": float(attrs["noise"]), "expert_success_rate": float(attrs["expert_success_rate"])}
 
 
-def results_table(rows: Sequence[dict], demo_info: Dict[str, dict], no_number: Optional[Dict[str, str]] = None) -> str:
-    """The markdown results: per (task, mixer) mean ± std over seeds, the mean over tasks, the claim;
-    ``no_number`` maps the tasks that were not run to why (a column of "no number" and a note each)."""
-    no_number = dict(no_number or {})
+def results_table(rows: Sequence[dict], demo_info: Dict[str, dict]) -> str:
+    """The markdown results: per (task, mixer) mean ± std over seeds, the mean over tasks, the claim."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     mixers = list(dict.fromkeys(r["mixer"] for r in rows))
     cell: Dict[tuple, List[float]] = {}
@@ -103,10 +92,8 @@ def results_table(rows: Sequence[dict], demo_info: Dict[str, dict], no_number: O
         for t in tasks:
             v = cell[(t, m)]
             cells.append(f"{np.mean(v):.2f} ± {np.std(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})")
-        body.append([m, *cells, *(["no number"] * len(no_number)), f"{means[m]:.3f}"])
-    table = markdown_table(["mixer", *(f"{t} success (per seed)" for t in tasks), *no_number,
-                            "mean over tasks" + (f" ({', '.join(tasks)})" if no_number else "")], body)
-    missing = "".join(f"\n\n{t}: no number: {why}." for t, why in no_number.items())
+        body.append([m, *cells, f"{means[m]:.3f}"])
+    table = markdown_table(["mixer", *(f"{t} success (per seed)" for t in tasks), "mean over tasks"], body)
     claim = "not checked (needs softmax, fibottention and bigbird)"
     if {"softmax", "fibottention", "bigbird"} <= set(means):
         holds = means["fibottention"] >= means["softmax"] and means["fibottention"] >= means["bigbird"]
@@ -120,7 +107,7 @@ def results_table(rows: Sequence[dict], demo_info: Dict[str, dict], no_number: O
         "# Robot imitation: success rate by token mixer", "",
         f"{r0['rollouts']} rollouts per run, {r0['train_steps']} training steps, seeds "
         f"{', '.join(str(s) for s in sorted({r['seed'] for r in rows}))}; written by `vitmix robot compare`.", "",
-        table + missing, "",
+        table, "",
         f"Paper's claim (fibottention ≥ dense and ≥ bigbird on the mean over tasks): {claim}.", "",
         "Mean training time per run: " + ", ".join(f"{m} {s:.0f} s" for m, s in seconds.items()) + ".", "",
         f"Demonstrations: {demos}.", "",

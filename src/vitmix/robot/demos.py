@@ -2,7 +2,8 @@
 
 ``DIR/demos.hdf5`` holds ``data/demo_<i>/obs/<camera>_image`` (``(T, 84, 84, 3)`` uint8, upright),
 ``obs/robot0_eef_pos``, ``obs/robot0_eef_quat``, ``obs/robot0_gripper_qpos``, ``actions`` (``(T, 7)``
-OSC_POSE deltas) and ``states`` (the flattened MuJoCo state), one group per kept (successful)
+OSC_POSE deltas) and ``states`` (the flattened MuJoCo state) — for PushT ``obs/top_image`` (96²),
+``obs/agent_pos``, 2-D target actions and the 7-D pymunk state — one group per kept (successful)
 episode; ``data`` carries the task, seed, noise, cameras and the experts' success rate as attributes.
 
 Episode ``i`` is seeded by ``seed · 100000 + i`` (object placement and action noise). Each finished
@@ -20,7 +21,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from ..runs.checkpoints import atomic_write
-from .experts import NO_EXPERT, ScriptedExpert
+from .experts import make_expert
 from .sim import MAX_STEPS, SPECS, RobotEnv, check_task, make_env, require_simulator
 
 __all__ = ["DEMO_FILE", "episode_seed", "record_episode", "make_demos", "open_demos"]
@@ -37,7 +38,7 @@ def record_episode(env: RobotEnv, seed: int, noise: float = 0.0) -> Dict[str, np
     """Run the scripted expert for one episode; the arrays of :data:`DEMO_FILE`'s layout plus
     ``success`` (the episode stops at the first successful step, as robomimic's demos do)."""
     obs = env.reset(seed=seed)
-    expert = ScriptedExpert(env, noise, np.random.default_rng(seed))
+    expert = make_expert(env, noise, np.random.default_rng(seed))
     expert.reset()
     frames = {key: [] for key in (*SPECS[env.task].proprio, *(f"{c}_image" for c in env.cameras))}
     actions, states, success = [], [], False
@@ -58,9 +59,7 @@ def record_episode(env: RobotEnv, seed: int, noise: float = 0.0) -> Dict[str, np
 def make_demos(task: str, episodes: int, out, noise: float = 0.0, seed: int = 0,
                log: Callable[[str], None] = print) -> Path:
     """Record ``episodes`` expert episodes of ``task`` into ``out/demos.hdf5`` (successes kept)."""
-    if check_task(task) in NO_EXPERT:
-        raise ValueError(f"vitmix robot demos cannot record {task}: {NO_EXPERT[task]}; train on demonstrations "
-                         "of your own written in demos.hdf5's layout (docs/robot.md)")
+    check_task(task)
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
     if noise < 0:

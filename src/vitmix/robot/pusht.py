@@ -25,7 +25,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 __all__ = ["WORLD", "GOAL_POSE", "SUCCESS_COVERAGE", "AGENT_RADIUS", "IMAGE_SIZE", "CAMERA", "require_pusht",
-           "t_polygon", "coverage", "PushTEnv"]
+           "t_centroid", "to_world", "t_corners", "t_polygon", "coverage", "PushTEnv"]
 
 #: side of the square table, in table units
 WORLD = 512.0
@@ -60,17 +60,23 @@ def _box_corners(box) -> np.ndarray:
     return np.array([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
 
 
-def _centroid() -> np.ndarray:
+def t_centroid() -> np.ndarray:
     """The T's centre of mass in its body frame (the two boxes weighted by their areas)."""
     areas = np.array([(b[2] - b[0]) * (b[3] - b[1]) for b in _T_BOXES])
     centres = np.array([((b[0] + b[2]) / 2, (b[1] + b[3]) / 2) for b in _T_BOXES])
     return (areas[:, None] * centres).sum(0) / areas.sum()
 
 
-def _transform(points: np.ndarray, pose) -> np.ndarray:
+def to_world(points, pose) -> np.ndarray:
+    """Body-frame ``points`` (``(..., 2)``) of a T at ``pose`` (x, y, angle) in table coordinates."""
     x, y, angle = pose
     c, s = np.cos(angle), np.sin(angle)
     return points @ np.array([[c, s], [-s, c]]) + np.array([x, y])
+
+
+def t_corners(pose) -> np.ndarray:
+    """The corners of the T's two rectangles at ``pose``, ``(8, 2)``."""
+    return to_world(np.concatenate([_box_corners(b) for b in _T_BOXES]), pose)
 
 
 def t_polygon(pose):
@@ -78,7 +84,7 @@ def t_polygon(pose):
     from shapely.geometry import Polygon
     from shapely.ops import unary_union
 
-    return unary_union([Polygon(_transform(_box_corners(b), pose)) for b in _T_BOXES])
+    return unary_union([Polygon(to_world(_box_corners(b), pose)) for b in _T_BOXES])
 
 
 def coverage(pose, goal=GOAL_POSE) -> float:
@@ -117,7 +123,7 @@ class PushTEnv:
         shapes = [pm.Poly(self.block, [tuple(p) for p in _box_corners(b)]) for b in _T_BOXES]
         for shape in shapes:
             shape.mass, shape.friction = 0.5, 1.0
-        self.block.center_of_gravity = tuple(_centroid())
+        self.block.center_of_gravity = tuple(t_centroid())
         self.space.add(self.agent, agent_shape, self.block, *shapes)
         self._target = np.zeros(2)
 
@@ -135,14 +141,18 @@ class PushTEnv:
 
     def step(self, action) -> Tuple[Dict[str, np.ndarray], float, bool]:
         """Drive the agent towards ``action`` (its target in [-1, 1]², clipped) for one control step."""
+        self.advance(action)
+        cover = coverage(self.block_pose())
+        return self.observe(), float(np.clip(cover / SUCCESS_COVERAGE, 0.0, 1.0)), cover > SUCCESS_COVERAGE
+
+    def advance(self, action) -> None:
+        """The physics of :meth:`step` alone (no coverage, no observation): what a planner simulates."""
         self._target = (np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0) + 1.0) * WORLD / 2
         for _ in range(_SUBSTEPS):
             pos, vel = np.array(self.agent.position), np.array(self.agent.velocity)
             accel = _KP * (self._target - pos) - _KD * vel
             self.agent.velocity = tuple(vel + accel * _PHYSICS_DT)
             self.space.step(_PHYSICS_DT)
-        cover = coverage(self.block_pose())
-        return self.observe(), float(np.clip(cover / SUCCESS_COVERAGE, 0.0, 1.0)), cover > SUCCESS_COVERAGE
 
     def _place_block(self, x: float, y: float, angle: float) -> None:
         """Put the block's body frame at ``(x, y, angle)``: the angle first, because pymunk turns a body
@@ -176,7 +186,7 @@ class PushTEnv:
         draw = ImageDraw.Draw(canvas)
         for pose, colour in ((GOAL_POSE, (144, 238, 144)), (self.block_pose(), (119, 136, 153))):
             for box in _T_BOXES:
-                draw.polygon([tuple(p) for p in _transform(_box_corners(box), pose) * scale], fill=colour)
+                draw.polygon([tuple(p) for p in to_world(_box_corners(box), pose) * scale], fill=colour)
         (x, y), r = self.agent_position() * scale, AGENT_RADIUS * scale
         draw.ellipse((x - r, y - r, x + r, y + r), fill=(65, 105, 225))
         return np.asarray(canvas.resize((self.image_size,) * 2, Image.BOX))
