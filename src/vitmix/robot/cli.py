@@ -63,7 +63,7 @@ def add_parser(sub) -> None:
 
     c = jobs.add_parser("compare", help="demos + train + eval for tasks × mixers × seeds, and the results table")
     c.add_argument("--out", required=True, help="directory of the grid (rerun the same command to continue)")
-    c.add_argument("--tasks", type=_csv, default=["lift", "can"])
+    c.add_argument("--tasks", type=_csv, default=["lift", "can", "pusht"])
     c.add_argument("--mixers", type=_csv, default=["softmax", "fibottention", "bigbird"])
     c.add_argument("--seeds", type=_ints, default=[0, 1])
     c.add_argument("--episodes", type=int, default=200, help="expert episodes per task")

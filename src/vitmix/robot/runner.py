@@ -267,7 +267,8 @@ def evaluate_policy(run, rollouts: int = 50, seed: int = 100_000, task: Optional
     write_csv(out / "episodes.csv", rows)
     save_text(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     _save_strip(frames, out / "rollouts.png")
-    log(f"{task} · {meta['mixer']}: success rate {summary['success_rate']:.2f} over {rollouts} rollouts -> {out}")
+    log(f"{task} · {meta['mixer']}: {SPECS[task].metric} {summary['success_rate']:.2f} over {rollouts} rollouts "
+        f"-> {out}")
     return summary
 
 

@@ -41,7 +41,8 @@ PROPRIO_KEYS = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
 class TaskSpec:
     """What a task's demonstrations and policy hold: camera names (images ``<camera>_image``), the
     proprioception keys and their total size, the action size, the image side and the policy's crop
-    side, and the rollout length limit of the official evaluation."""
+    side, the rollout length limit of the official evaluation, and what its metric (the mean over
+    rollouts of the episodes' maximum reward) measures."""
 
     cameras: Tuple[str, ...]
     proprio: Tuple[str, ...]
@@ -50,11 +51,13 @@ class TaskSpec:
     image_size: int
     crop: int
     max_steps: int
+    metric: str
 
 
-_ROBOSUITE = TaskSpec(CAMERAS, PROPRIO_KEYS, 9, 7, IMAGE_SIZE, 76, 400)
+_ROBOSUITE = TaskSpec(CAMERAS, PROPRIO_KEYS, 9, 7, IMAGE_SIZE, 76, 400, "success")
 #: every task's :class:`TaskSpec` (PushT: one 96² camera cropped to 84², the agent's position, a 2-D target)
-SPECS = {"lift": _ROBOSUITE, "can": _ROBOSUITE, "pusht": TaskSpec(("top",), ("agent_pos",), 2, 2, 96, 84, 300)}
+SPECS = {"lift": _ROBOSUITE, "can": _ROBOSUITE, "pusht": TaskSpec(("top",), ("agent_pos",), 2, 2, 96, 84, 300,
+                                                                   "max coverage")}
 #: rollout length limit of the official evaluation
 MAX_STEPS = {task: spec.max_steps for task, spec in SPECS.items()}
 #: how a user gets the simulators
