@@ -33,6 +33,14 @@ def test_missing_simulator_names_the_extra(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "d").exists()
 
 
+@needs_h5py
+def test_missing_pusht_physics_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pymunk", None)
+    _one_line_error(capsys, ["robot", "demos", "--task", "pusht", "--episodes", "1", "--out", str(tmp_path / "d")],
+                    "pip install 'vitmix[robot]'", "pusht task needs pymunk and shapely")
+    assert not (tmp_path / "d").exists()
+
+
 def test_unknown_task_suggests_close_names(tmp_path, capsys):
     _one_line_error(capsys, ["robot", "demos", "--task", "lfit", "--out", str(tmp_path / "d")],
                     "unknown robot task 'lfit'", "Did you mean: lift")

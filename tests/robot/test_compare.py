@@ -26,6 +26,20 @@ def test_table_reports_per_seed_values_and_the_claim(fib, verdict):
     assert "3/3 expert episodes kept (100%), seed 0" in text
 
 
+def test_comparison_names_pusht_metric_and_runs_it_by_default():
+    from vitmix.cli import build_parser
+
+    rows = [{"task": task, "mixer": "softmax", "seed": 0, "success_rate": value, "rollouts": 2, "train_steps": 4,
+             "train_seconds": 1.0} for task, value in (("lift", 1.0), ("pusht", 0.5))]
+    demos = {t: {"kept": 1, "episodes": 1, "seed": 0, "noise": 0.0, "expert_success_rate": 1.0}
+             for t in ("lift", "pusht")}
+    text = results_table(rows, demos)
+    assert "| mixer | lift success (per seed) | pusht max coverage (per seed) | mean over tasks |" in text
+    assert "| softmax | 1.00 ± 0.00 (1.00) | 0.50 ± 0.00 (0.50) | 0.750 |" in text
+    args = build_parser().parse_args(["robot", "compare", "--out", "x"])
+    assert args.tasks == ["lift", "can", "pusht"]
+
+
 @needs_simulator
 def test_compare_grid_runs_and_continues(tmp_path, capsys):
     argv = ["robot", "compare", "--out", str(tmp_path / "grid"), "--tasks", "lift", "--seeds", "0", "--episodes", "1",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-_TASKS = "lift | can"
+_TASKS = "lift | can | pusht"
 
 
 def _csv(text: str):
@@ -20,8 +20,8 @@ def _ints(text: str):
 
 def add_parser(sub) -> None:
     r = sub.add_parser("robot", help="robot imitation: scripted demos, ViT-encoder diffusion policy, rollouts",
-                       description="Robot imitation learning (robosuite Lift/Can) with a vitmix ViT as the image "
-                                   "encoder of a diffusion policy; needs pip install 'vitmix[robot]' "
+                       description="Robot imitation learning (robosuite Lift/Can, a 2-D PushT) with a vitmix ViT as "
+                                   "the image encoder of a diffusion policy; needs pip install 'vitmix[robot]' "
                                    "(docs/robot.md).")
     jobs = r.add_subparsers(dest="robot_command", metavar="JOB")
 
@@ -63,7 +63,7 @@ def add_parser(sub) -> None:
 
     c = jobs.add_parser("compare", help="demos + train + eval for tasks × mixers × seeds, and the results table")
     c.add_argument("--out", required=True, help="directory of the grid (rerun the same command to continue)")
-    c.add_argument("--tasks", type=_csv, default=["lift", "can"])
+    c.add_argument("--tasks", type=_csv, default=["lift", "can", "pusht"])
     c.add_argument("--mixers", type=_csv, default=["softmax", "fibottention", "bigbird"])
     c.add_argument("--seeds", type=_ints, default=[0, 1])
     c.add_argument("--episodes", type=int, default=200, help="expert episodes per task")

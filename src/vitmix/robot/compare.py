@@ -3,9 +3,10 @@ with one recipe, resumable at every level, and the results table.
 
 Layout of ``--out``: ``demos/<task>/demos.hdf5`` (seed 0, shared by every mixer), ``runs/<task>-<mixer>-s<seed>/``
 (training runs with their ``eval-seed<S>-n<R>/``), and ``results.csv`` / ``results.md``: per task and
-mixer the mean ± std success over seeds with the per-seed values, the mean over tasks, and whether
-the paper's claim (Fibottention ≥ dense and ≥ BigBird on that mean) holds. Rerunning the same command
-after an interruption continues: finished demos, runs and evaluations are kept, a training run resumes.
+mixer the mean ± std of the task's metric (success; PushT's max coverage) over seeds with the per-seed
+values, the mean over tasks, and whether the paper's claim (Fibottention ≥ dense and ≥ BigBird on that
+mean) holds. Rerunning the same command after an interruption continues: finished demos, runs and
+evaluations are kept, a training run resumes.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from .._util import markdown_table, write_csv
 from ..runs.checkpoints import save_text
 from .demos import DEMO_FILE, make_demos
 from .runner import RobotTrainConfig, eval_dir, evaluate_policy, train_policy
-from .sim import check_task
+from .sim import SPECS, check_task
 
 __all__ = ["EVAL_SEED", "run_comparison", "results_table"]
 
@@ -29,10 +30,11 @@ __all__ = ["EVAL_SEED", "run_comparison", "results_table"]
 EVAL_SEED = 100_000
 
 
-def run_comparison(out, tasks: Sequence[str] = ("lift", "can"), mixers: Sequence[str] = ("softmax", "fibottention",
-                   "bigbird"), seeds: Sequence[int] = (0, 1), episodes: int = 200, steps: int = 1500,
-                   rollouts: int = 50, batch_size: int = 64, noise: float = 0.0, sample_steps: int = 10,
-                   max_steps=None, log: Callable[[str], None] = print) -> List[dict]:
+def run_comparison(out, tasks: Sequence[str] = ("lift", "can", "pusht"),
+                   mixers: Sequence[str] = ("softmax", "fibottention", "bigbird"), seeds: Sequence[int] = (0, 1),
+                   episodes: int = 200, steps: int = 1500, rollouts: int = 50, batch_size: int = 64,
+                   noise: float = 0.0, sample_steps: int = 10, max_steps=None,
+                   log: Callable[[str], None] = print) -> List[dict]:
     """Run (or continue) the grid into ``out``; returns the per-run rows and writes the table."""
     for task in tasks:
         check_task(task)
@@ -93,7 +95,7 @@ def results_table(rows: Sequence[dict], demo_info: Dict[str, dict]) -> str:
             v = cell[(t, m)]
             cells.append(f"{np.mean(v):.2f} ± {np.std(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})")
         body.append([m, *cells, f"{means[m]:.3f}"])
-    table = markdown_table(["mixer", *(f"{t} success (per seed)" for t in tasks), "mean over tasks"], body)
+    table = markdown_table(["mixer", *(f"{t} {SPECS[t].metric} (per seed)" for t in tasks), "mean over tasks"], body)
     claim = "not checked (needs softmax, fibottention and bigbird)"
     if {"softmax", "fibottention", "bigbird"} <= set(means):
         holds = means["fibottention"] >= means["softmax"] and means["fibottention"] >= means["bigbird"]

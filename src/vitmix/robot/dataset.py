@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .demos import open_demos
-from .sim import CAMERAS, PROPRIO_KEYS
+from .sim import SPECS
 
 __all__ = ["N_OBS", "HORIZON", "N_ACTION", "DemoWindows", "proprio_stats"]
 
@@ -19,16 +19,21 @@ N_OBS, HORIZON, N_ACTION = 2, 16, 8
 
 class DemoWindows(torch.utils.data.Dataset):
     """All windows of a demonstrations file, held in memory: items ``(images, proprio, actions)`` with
-    images ``(n_obs, cameras, 3, 84, 84)`` uint8, proprio ``(n_obs, 9)`` and actions ``(horizon, 7)``."""
+    images ``(n_obs, cameras, 3, S, S)`` uint8, proprio ``(n_obs, P)`` and actions ``(horizon, A)`` — for
+    Lift/Can S = 84, P = 9, A = 7; for PushT S = 96, P = 2, A = 2 (:data:`~vitmix.robot.sim.SPECS`)."""
 
-    def __init__(self, path, task: str, n_obs: int = N_OBS, horizon: int = HORIZON, cameras=CAMERAS):
+    def __init__(self, path, task: str, n_obs: int = N_OBS, horizon: int = HORIZON):
+        spec = SPECS[task]
         with open_demos(path, task) as f:
             demos = [f["data"][name] for name in sorted(f["data"], key=lambda n: int(n.split("_")[-1]))]
-            self.images: List[np.ndarray] = [np.stack([d["obs"][f"{c}_image"][()] for c in cameras], 1)
+            self.images: List[np.ndarray] = [np.stack([d["obs"][f"{c}_image"][()] for c in spec.cameras], 1)
                                              for d in demos]
-            self.proprio: List[np.ndarray] = [np.concatenate([d["obs"][k][()] for k in PROPRIO_KEYS], -1)
+            self.proprio: List[np.ndarray] = [np.concatenate([d["obs"][k][()] for k in spec.proprio], -1)
                                               for d in demos]
             self.actions: List[np.ndarray] = [d["actions"][()].astype(np.float32) for d in demos]
+        if self.actions[0].shape[-1] != spec.action_dim or self.proprio[0].shape[-1] != spec.proprio_dim:
+            raise ValueError(f"{path}: actions of size {self.actions[0].shape[-1]} and proprioception of size "
+                             f"{self.proprio[0].shape[-1]}, but {task} has {spec.action_dim} and {spec.proprio_dim}")
         self.n_obs, self.horizon = n_obs, horizon
         self.index: List[Tuple[int, int]] = [(d, t) for d, a in enumerate(self.actions)
                                              for t in range(-(n_obs - 1), len(a))]

@@ -2,7 +2,8 @@
 
 ``DIR/demos.hdf5`` holds ``data/demo_<i>/obs/<camera>_image`` (``(T, 84, 84, 3)`` uint8, upright),
 ``obs/robot0_eef_pos``, ``obs/robot0_eef_quat``, ``obs/robot0_gripper_qpos``, ``actions`` (``(T, 7)``
-OSC_POSE deltas) and ``states`` (the flattened MuJoCo state), one group per kept (successful)
+OSC_POSE deltas) and ``states`` (the flattened MuJoCo state) — for PushT ``obs/top_image`` (96²),
+``obs/agent_pos``, 2-D target actions and the 7-D pymunk state — one group per kept (successful)
 episode; ``data`` carries the task, seed, noise, cameras and the experts' success rate as attributes.
 
 Episode ``i`` is seeded by ``seed · 100000 + i`` (object placement and action noise). Each finished
@@ -20,8 +21,8 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from ..runs.checkpoints import atomic_write
-from .experts import ScriptedExpert
-from .sim import CAMERAS, MAX_STEPS, PROPRIO_KEYS, RobotEnv, check_task, require_simulator
+from .experts import make_expert
+from .sim import MAX_STEPS, SPECS, RobotEnv, check_task, make_env, require_simulator
 
 __all__ = ["DEMO_FILE", "episode_seed", "record_episode", "make_demos", "open_demos"]
 
@@ -37,9 +38,9 @@ def record_episode(env: RobotEnv, seed: int, noise: float = 0.0) -> Dict[str, np
     """Run the scripted expert for one episode; the arrays of :data:`DEMO_FILE`'s layout plus
     ``success`` (the episode stops at the first successful step, as robomimic's demos do)."""
     obs = env.reset(seed=seed)
-    expert = ScriptedExpert(env, noise, np.random.default_rng(seed))
+    expert = make_expert(env, noise, np.random.default_rng(seed))
     expert.reset()
-    frames = {key: [] for key in (*PROPRIO_KEYS, *(f"{c}_image" for c in env.cameras))}
+    frames = {key: [] for key in (*SPECS[env.task].proprio, *(f"{c}_image" for c in env.cameras))}
     actions, states, success = [], [], False
     for _ in range(MAX_STEPS[env.task]):
         for key in frames:
@@ -70,7 +71,7 @@ def make_demos(task: str, episodes: int, out, noise: float = 0.0, seed: int = 0,
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory for the demonstrations")
     parts = out / "episodes"
-    settings = {"task": task, "noise": float(noise), "seed": int(seed), "cameras": list(CAMERAS)}
+    settings = {"task": task, "noise": float(noise), "seed": int(seed), "cameras": list(SPECS[task].cameras)}
     settings_file = parts / "settings.json"
     if settings_file.is_file():
         saved = json.loads(settings_file.read_text())
@@ -79,10 +80,10 @@ def make_demos(task: str, episodes: int, out, noise: float = 0.0, seed: int = 0,
                              "with those, or give another --out")
     elif out.is_dir() and any(out.iterdir()):
         raise ValueError(f"--out {out} is a non-empty directory that holds no recording; give a new or empty one")
-    require_simulator()
+    require_simulator(task)
     parts.mkdir(parents=True, exist_ok=True)
     atomic_write(settings_file, lambda tmp: Path(tmp).write_text(json.dumps(settings)))
-    env = RobotEnv(task)
+    env = make_env(task)
     kept, start = 0, time.perf_counter()
     try:
         for i in range(episodes):
@@ -144,7 +145,7 @@ def _assemble(tmp, parts: Path, episodes: int, settings: dict) -> None:
 def open_demos(path, task: Optional[str] = None):
     """``path`` (a demos file or its directory) opened read-only with h5py, checked: a readable
     vitmix demonstrations file, of ``task`` when given. One-line errors otherwise."""
-    require_simulator()
+    require_simulator(task or "lift")
     import h5py
 
     path = Path(path)

@@ -6,7 +6,8 @@ rotation); a waypoint is done when the effector is within 1 cm of it, or after a
 centre, close the fingers for 12 steps, lift. Can continues: rise to the bin's height + 15 cm, carry
 over the bin, lower, open, and retreat upwards — robosuite only counts a placed can as a success when
 the gripper is away from it. ``noise`` adds Gaussian noise of that σ to the position part of every
-action (more varied demonstrations; some of them then fail and are not kept).
+action (more varied demonstrations; some of them then fail and are not kept). PushT's expert is
+:class:`~vitmix.robot.pusht_expert.PushTExpert`; :func:`make_expert` picks a task's.
 """
 from __future__ import annotations
 
@@ -14,9 +15,19 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["ScriptedExpert"]
+__all__ = ["ScriptedExpert", "make_expert"]
 
 _OPEN, _CLOSED = -1.0, 1.0
+
+
+def make_expert(env, noise: float = 0.0, rng: Optional[np.random.Generator] = None):
+    """The scripted expert of ``env``'s task: :class:`ScriptedExpert` (Lift, Can) or
+    :class:`~vitmix.robot.pusht_expert.PushTExpert`."""
+    if env.task == "pusht":
+        from .pusht_expert import PushTExpert
+
+        return PushTExpert(env, noise, rng)
+    return ScriptedExpert(env, noise, rng)
 
 
 class ScriptedExpert:

@@ -2,11 +2,12 @@
 Policy), with a vitmix ViT as its image encoder.
 
 Each (camera, observation step) image is random-cropped (training) or centre-cropped (evaluation) from
-84² to 76² and encoded on its own by a ViT with patch 8 — 81 patch tokens + CLS — whose attention is any
-vitmix mixer; the encoder's output is the mean of the patch tokens. The features of every camera and
-step, concatenated with the scaled proprioception, are the global condition of a 1-D temporal UNet
-(FiLM-conditioned residual blocks) that denoises the ``horizon × 7`` action chunk, trained as a DDPM
-with :class:`vitmix.models.diffusion.GaussianDiffusion` and sampled with DDIM.
+84² to 76² (PushT: 96² to 84²) and encoded on its own by a ViT with patch 8 — 81 patch tokens + CLS
+(PushT: 100 + CLS) — whose attention is any vitmix mixer; the encoder's output is the mean of the patch
+tokens. The features of every camera and step, concatenated with the scaled proprioception, are the
+global condition of a 1-D temporal UNet (FiLM-conditioned residual blocks) that denoises the
+``horizon × action_dim`` action chunk, trained as a DDPM with
+:class:`vitmix.models.diffusion.GaussianDiffusion` and sampled with DDIM.
 
 The default encoder (width 192, depth 4) and UNet (64/128 channels) are sized for a CPU; it keeps
 ViT-B's 12 heads, because Fibottention gives each head its own Wythoff row (12 heads: the official
@@ -23,7 +24,7 @@ from torch import nn
 from ..models.diffusion import GaussianDiffusion
 from ..models.factory import create_model
 from .dataset import HORIZON, N_OBS
-from .sim import CAMERAS
+from .sim import CAMERAS, SPECS
 
 __all__ = ["ENCODERS", "FIBOTTENTION_FORMS", "mixer_options", "ViTImageEncoder", "ConditionalUnet1D",
            "DiffusionPolicy"]
@@ -32,9 +33,9 @@ __all__ = ["ENCODERS", "FIBOTTENTION_FORMS", "mixer_options", "ViTImageEncoder",
 ENCODERS = {"small": (192, 4, 12), "vit_b": (768, 12, 12)}
 #: Fibottention in the policy: the official robot code's form, or the paper's masked form of it
 FIBOTTENTION_FORMS = {"official": dict(preset="robot"), "masked": dict(preset="robot", mode="masked")}
-CROP = 76
-#: the pixels of a crop that patch-8 tokens cover: 9 × 9 patches
-SEEN = CROP // 8 * 8
+#: Lift/Can's crop side
+CROP = SPECS["lift"].crop
+PATCH = 8
 
 
 def mixer_options(mixer: str, fibottention: str = "official") -> Dict[str, object]:
@@ -49,24 +50,26 @@ def mixer_options(mixer: str, fibottention: str = "official") -> Dict[str, objec
 
 
 class ViTImageEncoder(nn.Module):
-    """A vitmix ViT (patch 8, 76² input) whose output is the mean of its patch tokens.
+    """A vitmix ViT (patch 8, ``crop``² input) whose output is the mean of its patch tokens.
 
-    76 is not a multiple of 8: the official encoder's stride-8 patch convolution sees the first
-    9 · 8 = 72 rows and columns (81 patches) and never the last 4, so this encoder is built for 72² and
-    given exactly those pixels."""
+    Neither crop (76, PushT's 84) is a multiple of 8: the official encoder's stride-8 patch convolution
+    sees the first 9 · 8 = 72 (10 · 8 = 80) rows and columns — 81 (100) patches — and never the last 4,
+    so this encoder is built for that side and given exactly those pixels."""
 
-    def __init__(self, mixer: str = "softmax", size: str = "small", options: Optional[dict] = None):
+    def __init__(self, mixer: str = "softmax", size: str = "small", options: Optional[dict] = None,
+                 crop: int = CROP):
         super().__init__()
         if size not in ENCODERS:
             raise ValueError(f"--encoder {size!r} is not one of {', '.join(ENCODERS)}")
         width, depth, heads = ENCODERS[size]
-        self.vit = create_model("vit_tiny_patch16_224", mixer=mixer, mixer_options=options or None, img_size=SEEN,
-                                patch_size=8, embed_dim=width, depth=depth, num_heads=heads, num_classes=0,
+        self.seen = crop // PATCH * PATCH
+        self.vit = create_model("vit_tiny_patch16_224", mixer=mixer, mixer_options=options or None, img_size=self.seen,
+                                patch_size=PATCH, embed_dim=width, depth=depth, num_heads=heads, num_classes=0,
                                 global_pool="avg")
         self.out_dim = width
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.vit(images[..., :SEEN, :SEEN])
+        return self.vit(images[..., :self.seen, :self.seen])
 
 
 def _time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -139,15 +142,17 @@ class DiffusionPolicy(nn.Module):
         fibottention: ``"official"`` (default; the robot code's form) or ``"masked"`` (the paper's).
         encoder: ``"small"`` (default) or ``"vit_b"``.
         proprio_min, proprio_max: per-dimension range of the proprioception (scaled to [-1, 1]).
+        crop: side of the image crops the encoder sees (76 for Lift/Can's 84² images, 84 for PushT's 96²).
         timesteps: DDPM noise levels (100, as the official code).
     """
 
     def __init__(self, mixer: str = "softmax", fibottention: str = "official", encoder: str = "small",
                  action_dim: int = 7, proprio_dim: int = 9, proprio_min=None, proprio_max=None,
                  cameras: Sequence[str] = CAMERAS, n_obs: int = N_OBS, horizon: int = HORIZON,
-                 timesteps: int = 100):
+                 timesteps: int = 100, crop: int = CROP):
         super().__init__()
-        self.encoder = ViTImageEncoder(mixer, encoder, mixer_options(mixer, fibottention))
+        self.encoder = ViTImageEncoder(mixer, encoder, mixer_options(mixer, fibottention), crop)
+        self.crop = crop
         self.cameras, self.n_obs, self.horizon, self.action_dim = tuple(cameras), n_obs, horizon, action_dim
         low = torch.tensor(proprio_min if proprio_min is not None else [-1.0] * proprio_dim)
         high = torch.tensor(proprio_max if proprio_max is not None else [1.0] * proprio_dim)
@@ -158,7 +163,7 @@ class DiffusionPolicy(nn.Module):
         self.diffusion = GaussianDiffusion(timesteps, schedule="cosine", prediction="eps")
 
     def condition(self, images: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
-        """``images (B, T, cams, 3, 84, 84)`` uint8, ``proprio (B, T, 9)`` → the UNet's global condition."""
+        """``images (B, T, cams, 3, S, S)`` uint8, ``proprio (B, T, P)`` → the UNet's global condition."""
         b, t, cams = images.shape[:3]
         x = images.flatten(0, 2).float() / 127.5 - 1.0
         feats = self.encoder(self._crop(x)).view(b, t, cams * self.encoder.out_dim)
@@ -166,15 +171,15 @@ class DiffusionPolicy(nn.Module):
         return torch.cat([feats, scaled], dim=-1).flatten(1)
 
     def _crop(self, x: torch.Tensor) -> torch.Tensor:
-        """76² crops of ``(M, 3, 84, 84)`` images: at a random place per image in training (as the
+        """``crop``² crops of ``(M, 3, S, S)`` images: at a random place per image in training (as the
         official CropRandomizer), the centre in evaluation."""
-        m, side = x.shape[0], x.shape[-1]
+        m, side, crop = x.shape[0], x.shape[-1], self.crop
         if not self.training:
-            i = (side - CROP) // 2
-            return x[..., i:i + CROP, i:i + CROP]
-        top, left = torch.randint(0, side - CROP + 1, (2, m, 1), device=x.device)
-        span = torch.arange(CROP, device=x.device)
-        rows, cols = (top + span)[:, :, None], (left + span)[:, None, :]            # (M, 76, 1), (M, 1, 76)
+            i = (side - crop) // 2
+            return x[..., i:i + crop, i:i + crop]
+        top, left = torch.randint(0, side - crop + 1, (2, m, 1), device=x.device)
+        span = torch.arange(crop, device=x.device)
+        rows, cols = (top + span)[:, :, None], (left + span)[:, None, :]            # (M, crop, 1), (M, 1, crop)
         return x[torch.arange(m, device=x.device)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
 
     def loss(self, images, proprio, actions, generator: Optional[torch.Generator] = None) -> torch.Tensor:

@@ -9,7 +9,8 @@ folder is named by what determines its content, so a rerun rewrites it with the 
 another evaluation never replaces it.
 
 The metric is the official one: the mean over rollouts of the episode's maximum reward, which for
-Lift and Can (sparse reward 1 on success) is the success rate.
+Lift and Can (sparse reward 1 on success) is the success rate, and for PushT the mean maximum coverage
+(reward = coverage / 0.95, clipped at 1).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from ..runs.directory import clear_aborted, prepare_run_dir, recorded_abort
 from ..runs.resume import Resumed, Trainable, resume_run, save_manifest, save_metrics
 from .dataset import HORIZON, N_ACTION, N_OBS, DemoWindows, proprio_stats
 from .policy import ENCODERS, FIBOTTENTION_FORMS, DiffusionPolicy
-from .sim import CAMERAS, MAX_STEPS, PROPRIO_KEYS, RobotEnv, check_task
+from .sim import MAX_STEPS, SPECS, check_task, make_env
 
 __all__ = ["RobotTrainConfig", "CHECKPOINT_FILES", "train_policy", "load_policy", "evaluate_policy", "eval_dir"]
 
@@ -85,14 +86,17 @@ class RobotTrainConfig:
 
 def _meta(cfg: RobotTrainConfig, stats: dict, step: int, demos: int) -> dict:
     return {"task": cfg.task, "mixer": cfg.mixer, "fibottention": cfg.fibottention, "encoder": cfg.encoder,
-            "proprio_min": stats["min"], "proprio_max": stats["max"], "cameras": list(CAMERAS), "n_obs": N_OBS,
+            "proprio_min": stats["min"], "proprio_max": stats["max"], "cameras": list(SPECS[cfg.task].cameras),
+            "action_dim": SPECS[cfg.task].action_dim, "crop": SPECS[cfg.task].crop, "n_obs": N_OBS,
             "horizon": HORIZON, "n_action": N_ACTION, "step": step, "demos": demos, "seed": cfg.seed}
 
 
 def _build(meta: dict) -> DiffusionPolicy:
-    return DiffusionPolicy(meta["mixer"], meta["fibottention"], meta["encoder"], proprio_min=meta["proprio_min"],
+    """The policy a checkpoint's metadata describes (Lift/Can's action size and crop where it names none)."""
+    return DiffusionPolicy(meta["mixer"], meta["fibottention"], meta["encoder"], action_dim=meta.get("action_dim", 7),
+                           proprio_dim=len(meta["proprio_min"]), proprio_min=meta["proprio_min"],
                            proprio_max=meta["proprio_max"], cameras=meta["cameras"], n_obs=meta["n_obs"],
-                           horizon=meta["horizon"])
+                           horizon=meta["horizon"], crop=meta.get("crop", SPECS["lift"].crop))
 
 
 def _save_policy(run_dir: Path, model, ema, meta: dict) -> None:
@@ -130,8 +134,10 @@ def train_policy(cfg: RobotTrainConfig, log: Callable[[str], None] = print) -> P
     data = DemoWindows(cfg.demos, cfg.task)                 # a wrong or broken file fails before any write
     stats = proprio_stats(data)
     torch.manual_seed(cfg.seed)
-    model = DiffusionPolicy(cfg.mixer, cfg.fibottention, cfg.encoder, proprio_min=stats["min"],
-                            proprio_max=stats["max"]).to(device)
+    spec = SPECS[cfg.task]
+    model = DiffusionPolicy(cfg.mixer, cfg.fibottention, cfg.encoder, action_dim=spec.action_dim,
+                            proprio_dim=spec.proprio_dim, proprio_min=stats["min"], proprio_max=stats["max"],
+                            cameras=spec.cameras, crop=spec.crop).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     from timm.utils import ModelEmaV3
 
@@ -201,9 +207,9 @@ def eval_dir(run, seed: int, rollouts: int) -> Path:
     return (Path(run) if Path(run).is_dir() else Path(run).parent) / f"eval-seed{seed}-n{rollouts}"
 
 
-def _stack(history: collections.deque, cameras) -> tuple:
+def _stack(history: collections.deque, cameras, proprio_keys) -> tuple:
     images = np.stack([np.stack([o[f"{c}_image"] for c in cameras]) for o in history])       # (T, cams, H, W, 3)
-    proprio = np.stack([np.concatenate([o[k] for k in PROPRIO_KEYS]) for o in history])
+    proprio = np.stack([np.concatenate([o[k] for k in proprio_keys]) for o in history])
     return (torch.from_numpy(images).permute(0, 1, 4, 2, 3)[None], torch.from_numpy(proprio).float()[None])
 
 
@@ -222,7 +228,7 @@ def evaluate_policy(run, rollouts: int = 50, seed: int = 100_000, task: Optional
     task = meta["task"]
     limit = max_steps or MAX_STEPS[task]
     out = eval_dir(run, seed, rollouts)
-    env = RobotEnv(task, cameras=meta["cameras"])
+    env = make_env(task, cameras=meta["cameras"])
     dev = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     rows, frames, start = [], [], time.perf_counter()
@@ -232,7 +238,7 @@ def evaluate_policy(run, rollouts: int = 50, seed: int = 100_000, task: Optional
             history = collections.deque([obs] * meta["n_obs"], maxlen=meta["n_obs"])
             best, steps, shots = 0.0, 0, []
             while steps < limit and best < 1.0:
-                images, proprio = _stack(history, meta["cameras"])
+                images, proprio = _stack(history, meta["cameras"], SPECS[task].proprio)
                 actions = model.predict(images.to(dev), proprio.to(dev), sample_steps, generator)[0].cpu().numpy()
                 first = meta["n_obs"] - 1
                 for action in actions[first:first + meta["n_action"]]:
@@ -261,7 +267,8 @@ def evaluate_policy(run, rollouts: int = 50, seed: int = 100_000, task: Optional
     write_csv(out / "episodes.csv", rows)
     save_text(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     _save_strip(frames, out / "rollouts.png")
-    log(f"{task} · {meta['mixer']}: success rate {summary['success_rate']:.2f} over {rollouts} rollouts -> {out}")
+    log(f"{task} · {meta['mixer']}: {SPECS[task].metric} {summary['success_rate']:.2f} over {rollouts} rollouts "
+        f"-> {out}")
     return summary
 
 

@@ -1,5 +1,7 @@
 """The simulated tasks: robosuite Lift and Can (PickPlaceCan) on a Panda with the OSC_POSE controller,
-observed through two 84² cameras rendered by a fast ``mujoco.Renderer``.
+observed through two 84² cameras rendered by a fast ``mujoco.Renderer``; and PushT, a 2-D pymunk task
+seen by one 96² camera (:mod:`vitmix.robot.pusht`). :data:`SPECS` says what each task observes and
+does; :func:`make_env` builds its environment.
 
 robosuite's own camera path renders a few frames a second on a CPU; a renderer whose offscreen buffer
 is the image size, without shadows, reflections or multisampling and with the collision geoms hidden
@@ -15,25 +17,49 @@ import importlib
 import importlib.util
 import logging
 import os
-from typing import Dict, Optional, Sequence
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .._util import close_matches
 
-__all__ = ["TASKS", "CAMERAS", "IMAGE_SIZE", "MAX_STEPS", "PROPRIO_KEYS", "EXTRA", "check_task",
-           "require_simulator", "FastRenderer", "RobotEnv"]
+__all__ = ["TASKS", "CAMERAS", "IMAGE_SIZE", "MAX_STEPS", "PROPRIO_KEYS", "EXTRA", "TaskSpec", "SPECS",
+           "check_task", "require_simulator", "make_env", "FastRenderer", "RobotEnv"]
 
-#: vitmix task name → robosuite environment
-TASKS = {"lift": "Lift", "can": "PickPlaceCan"}
+#: vitmix task name → its simulator's environment
+TASKS = {"lift": "Lift", "can": "PickPlaceCan", "pusht": "PushT"}
 #: the two cameras of the official Lift/Can setup
 CAMERAS = ("agentview", "robot0_eye_in_hand")
-#: rendered image side (the policy random-crops 76² out of it)
+#: rendered image side of Lift/Can (the policy random-crops 76² out of it)
 IMAGE_SIZE = 84
-#: rollout length limit of the official evaluation
-MAX_STEPS = {"lift": 400, "can": 400}
-#: proprioception stored and fed to the policy: end-effector position (3), quaternion (4), fingers (2)
+#: proprioception of Lift/Can: end-effector position (3), quaternion (4), fingers (2)
 PROPRIO_KEYS = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task's demonstrations and policy hold: camera names (images ``<camera>_image``), the
+    proprioception keys and their total size, the action size, the image side and the policy's crop
+    side, the rollout length limit of the official evaluation, and what its metric (the mean over
+    rollouts of the episodes' maximum reward) measures."""
+
+    cameras: Tuple[str, ...]
+    proprio: Tuple[str, ...]
+    proprio_dim: int
+    action_dim: int
+    image_size: int
+    crop: int
+    max_steps: int
+    metric: str
+
+
+_ROBOSUITE = TaskSpec(CAMERAS, PROPRIO_KEYS, 9, 7, IMAGE_SIZE, 76, 400, "success")
+#: every task's :class:`TaskSpec` (PushT: one 96² camera cropped to 84², the agent's position, a 2-D target)
+SPECS = {"lift": _ROBOSUITE, "can": _ROBOSUITE, "pusht": TaskSpec(("top",), ("agent_pos",), 2, 2, 96, 84, 300,
+                                                                   "max coverage")}
+#: rollout length limit of the official evaluation
+MAX_STEPS = {task: spec.max_steps for task, spec in SPECS.items()}
 #: how a user gets the simulators
 EXTRA = "pip install 'vitmix[robot]'"
 
@@ -46,8 +72,15 @@ def check_task(task: str) -> str:
     return task
 
 
-def require_simulator():
-    """Import robosuite (with mujoco and h5py) or raise a one-line ``ValueError`` naming the extra."""
+def require_simulator(task: str = "lift"):
+    """Import ``task``'s simulator (robosuite with mujoco, or pymunk with shapely for PushT) and h5py, or
+    raise a one-line ``ValueError`` naming the extra."""
+    if task == "pusht":
+        from .pusht import require_pusht
+
+        if importlib.util.find_spec("h5py") is None:
+            raise ValueError(f"the robot tasks need h5py for their demonstrations: {EXTRA}")
+        return require_pusht()
     os.environ.setdefault("MUJOCO_GL", "egl")          # headless rendering (osmesa also works)
     _load_triton_first()
     logging.disable(logging.WARNING)     # robosuite warns at import about optional robots vitmix never uses
@@ -72,6 +105,17 @@ def _load_triton_first() -> None:
             importlib.import_module("triton")
         except Exception:            # a broken triton is torch's concern, not the simulator's
             pass
+
+
+def make_env(task: str, cameras: Optional[Sequence[str]] = None, images: bool = True):
+    """``task``'s environment: a :class:`RobotEnv`, or a :class:`~vitmix.robot.pusht.PushTEnv`."""
+    spec = SPECS[check_task(task)]
+    cameras = spec.cameras if cameras is None else cameras
+    if task == "pusht":
+        from .pusht import PushTEnv
+
+        return PushTEnv(cameras, spec.image_size, images)
+    return RobotEnv(task, cameras, spec.image_size, images)
 
 
 class FastRenderer:
@@ -108,6 +152,8 @@ class RobotEnv:
 
     def __init__(self, task: str, cameras: Sequence[str] = CAMERAS, image_size: int = IMAGE_SIZE,
                  images: bool = True):
+        if TASKS.get(task) == "PushT":
+            raise ValueError("pusht is not a robosuite task; build it with make_env('pusht')")
         suite = require_simulator()
         from robosuite.controllers import load_composite_controller_config
 
