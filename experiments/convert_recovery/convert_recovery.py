@@ -218,7 +218,7 @@ def report(rows, goal_rows, per_seed, students: dict, cfg_path: Path, env: dict,
            "task loss only") + ") on the same data. 'fine-tune 1 ep' is epoch 1 of that schedule.", "",
         "Top-1 (%) on the full validation split, mean ± sample std over the finished seeds (n):", "",
         table, "", *_teacher_notes(per_seed),
-        "Goals (issue 26; margin > 0 means the goal holds):", "", goal_table, "",
+        "Goals (margin > 0 means the goal holds):", "", goal_table, "",
     ])
 
 
