@@ -239,8 +239,10 @@ def test_sequence_datasets_are_named_and_kept_apart_from_image_datasets():
         build_sequence_datasets("listop")
     with pytest.raises(ValueError, match="no option 'max_lenn'. Did you mean: max_len"):
         build_sequence_datasets("listops", max_lenn=3)
-    with pytest.raises(ValueError, match="sfashion-mnist has no option 'x'. It takes none"):
+    with pytest.raises(ValueError, match="sfashion-mnist has no option 'x'. Options: seed, train_size, val_size$"):
         build_sequence_datasets("sfashion-mnist", x=1)
+    with pytest.raises(ValueError, match="no option 'trian_size'. Did you mean: train_size"):
+        build_sequence_datasets("listops", trian_size=1)
     with pytest.raises(ValueError, match="sizes must be positive"):
         build_sequence_datasets("listops", train_size=0)
 
@@ -251,7 +253,7 @@ def test_sequence_info_gives_the_model_its_sizes(tmp_path):
         _, _, info = build_sequence_datasets("listops", data_dir=str(tmp_path), train_size=1, val_size=1,
                                              min_len=3, max_len=12, progress=False)
     assert info.kind == "sequence"
-    assert info.model_kwargs() == {"num_classes": 10, "seq_len": 12, "vocab_size": 16}
+    assert info.model_kwargs() == {"num_classes": 10, "seq_len": 12, "vocab_size": 16, "pad_id": 0}   # 0 pads
 
 
 def test_training_an_image_model_on_a_sequence_set_is_a_one_line_cli_error(tmp_path, capsys):
