@@ -150,3 +150,12 @@ def test_eval_of_a_sequence_run_on_other_data_is_a_one_line_error(tmp_path, caps
     capsys.readouterr()
     assert main(["eval", str(out), "--data", "digits"]) == 2
     assert "takes 1-D token sequences, not --data digits" in capsys.readouterr().err
+
+
+@pytest.mark.needs_fashion_mnist
+def test_vitmix_train_on_the_installed_fashion_mnist(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--config", "lra-sfashion-mnist", "--mixer", "soft", "--out", str(out), "--epochs", "1",
+                 "--max-steps", "1", "--batch-size", "4", "--data-option", "train_size=8",
+                 "--data-option", "val_size=4"]) == 0
+    assert "on sfashion-mnist (8 train / 4 val, 784 tokens)" in capsys.readouterr().out
