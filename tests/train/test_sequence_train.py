@@ -159,3 +159,22 @@ def test_vitmix_train_on_the_installed_fashion_mnist(tmp_path, capsys):
                  "--max-steps", "1", "--batch-size", "4", "--data-option", "train_size=8",
                  "--data-option", "val_size=4"]) == 0
     assert "on sfashion-mnist (8 train / 4 val, 784 tokens)" in capsys.readouterr().out
+
+
+def test_what_a_sequence_checkpoint_cannot_do_is_a_one_line_error(tmp_path, capsys):
+    """Image corruptions need images; torch.export cannot trace a mixer that sizes its work by each sample's
+    masked length (a pad_id model), while one that masks within the batch exports."""
+    import vitmix
+    from vitmix.export import export_program
+
+    out = tmp_path / "run"
+    assert main(_listops(out, "--mixer", "softmax", "--epochs", "1", "--max-steps", "1")) == 0
+    capsys.readouterr()
+    assert main(["eval", str(out), "--corruptions", "all"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--corruptions perturbs images" in err[0] and "sequence model" in err[0], err
+    masked = vitmix.load_model(out)
+    assert masked.pad_id == 0 and export_program(masked, masked.example_inputs(2)[0]) is not None
+    by_length = vitmix.create_model("seq_lra_tiny", mixer="fibottention", seq_len=60, vocab_size=16, pad_id=0)
+    with pytest.raises(ValueError, match="masks its padding .* torch.export cannot trace"):
+        export_program(by_length.eval(), by_length.example_inputs(2)[0])
