@@ -178,3 +178,10 @@ def test_what_a_sequence_checkpoint_cannot_do_is_a_one_line_error(tmp_path, caps
     by_length = vitmix.create_model("seq_lra_tiny", mixer="fibottention", seq_len=60, vocab_size=16, pad_id=0)
     with pytest.raises(ValueError, match="masks its padding .* torch.export cannot trace"):
         export_program(by_length.eval(), by_length.example_inputs(2)[0])
+
+
+def test_compare_on_sequence_data_points_to_the_lra_study(tmp_path, capsys):
+    assert main(["compare", "--data", "listops", "--model", "seq_lra_tiny", "--mixers", "soft",
+                 "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "experiments/lra/lra.py" in err[0], err
