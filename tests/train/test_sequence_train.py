@@ -135,6 +135,8 @@ def test_the_shipped_lra_configs_are_nystromformers_recipe(tmp_path, capsys):
      "--img-size is for image data"),
     (["--data", "listops", "--model", "seq_lra_tiny", "--data-option", "trian_size=3"],
      "listops has no option 'trian_size'. Did you mean: train_size"),
+    (["--data", "listops", "--model", "seq_lra_tiny", "--data-option", "train_size=many"],
+     "--data-option train_size='many' must be an integer"),
 ])
 def test_mismatched_sequence_input_is_a_one_line_error(tmp_path, capsys, args, message):
     out = tmp_path / "run"

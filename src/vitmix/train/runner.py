@@ -307,7 +307,8 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         clear_aborted(run_dir)
-        save_run_config(run_dir, cfg, f"img_size={img_size} world_size={info.world_size}")
+        size_key = "seq_len" if is_sequence_run(cfg) else "img_size"
+        save_run_config(run_dir, cfg, f"{size_key}={img_size} world_size={info.world_size}")
     log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
         f"({len(train_set)} train / {len(val_set)} val, {_size_text(cfg, img_size)}) "
         f"for {plural(cfg.epochs, 'epoch')}, "

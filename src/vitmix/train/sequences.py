@@ -61,10 +61,9 @@ def sequence_data(cfg, progress: bool = True):
         if key in options:
             raise ValueError(f"--data-option {key}: not a data option; its flag is --{key.replace('_', '-')}"
                              if key != "progress" else "--data-option progress: not a data option")
-    unknown_sizes = {k: v for k, v in options.items() if k in SIZE_OPTIONS and not isinstance(v, int)}
-    if unknown_sizes:
-        key, value = next(iter(unknown_sizes.items()))
-        raise ValueError(f"--data-option {key}={value!r} must be an integer")
+    for key in SIZE_OPTIONS:
+        if key in options and (not isinstance(options[key], int) or isinstance(options[key], bool)):
+            raise ValueError(f"--data-option {key}={options[key]!r} must be an integer")
     return build_sequence_datasets(cfg.data, cfg.data_dir, progress=progress, download=cfg.download, **options)
 
 
