@@ -190,6 +190,10 @@ def test_pathfinder_dataset_gives_pixel_tokens(tmp_path):
     ids, label = train[1]
     assert ids.shape == (1024,) and set(ids.unique().tolist()) == {0, 255} and label == 1
     assert len(list(tmp_path.glob("pathfinder32-*.npz"))) == 2
+    more, _, _ = build_sequence_datasets("pathfinder", data_dir=str(tmp_path), train_size=6, val_size=2,
+                                         distractors=2, progress=False)
+    assert len(more) == 6 and more[1][0].tolist() == ids.tolist()  # its own file (the count is in the key), nested
+    assert len(list(tmp_path.glob("pathfinder32-*.npz"))) == 3
 
 
 # --- sequential Fashion-MNIST --------------------------------------------------------------------------

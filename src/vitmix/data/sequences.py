@@ -172,7 +172,8 @@ def _pathfinder(root, seed, sizes, params, progress, download):
     p.check()
     sets = []
     for split, n in zip(SPLITS, sizes):
-        key = {"seed": seed, "split": split, "size": n, **dataclasses.asdict(p)}
+        # the item count under its own name: PathfinderParams' `size` is the image side
+        key = {"seed": seed, "split": split, "items": n, **dataclasses.asdict(p)}
         arrays = cached(root, f"pathfinder{p.size}", key, functools.partial(_pathfinder_split, seed, split, n, p,
                                                                             progress))
         sets.append(TokenSequences.fixed(arrays["images"].reshape(n, -1), arrays["labels"]))
