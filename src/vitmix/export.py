@@ -179,6 +179,11 @@ def _from_vitmix_checkpoint(name, mixer, checkpoint, img_size, meta) -> Tuple[ob
         raise ValueError(f"{checkpoint} holds {meta['model']} (mixer={meta.get('mixer') or 'default'}), not "
                          f"{name}{f' (mixer={mixer})' if mixer else ''}; pass --model {meta['model']}"
                          + (f" --mixer {meta['mixer']}" if meta.get("mixer") else ""))
+    if "sequence" in meta:       # a sequence model (vitmix train on listops, ...): its example_inputs give the ids
+        if img_size is not None:
+            raise ValueError(f"{checkpoint} is a sequence model (ids of up to {meta['sequence']['seq_len']} tokens), "
+                             "not an image model; drop --img-size")
+        return load(checkpoint, "cpu"), 1, int(meta["sequence"]["seq_len"])
     if img_size is not None and img_size != int(meta["img_size"]):
         raise ValueError(f"{checkpoint} was trained at img_size={meta['img_size']}; drop --img-size "
                          f"(the checkpoint's size is used)")
@@ -205,8 +210,20 @@ def export_program(model, example):
     if args[0].shape[0] < 2:
         raise ValueError("export_program needs an example batch of >= 2 images (batch 1 would be specialised)")
     batch = torch.export.Dim("batch", min=1)
-    with torch.no_grad():
-        return torch.export.export(model.eval(), args, dynamic_shapes=tuple({0: batch} for _ in args))
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    try:
+        with torch.no_grad():
+            return torch.export.export(model.eval(), args, dynamic_shapes=tuple({0: batch} for _ in args))
+    except GuardOnDataDependentSymNode:
+        if getattr(model, "pad_id", None) is None:
+            raise
+        # a sequence model that masks its padding (ListOps): landmark and per-length mixers size their work by
+        # each sample's real length, which a traced graph cannot hold
+        raise ValueError(f"this sequence model masks its padding (pad_id={model.pad_id}) and its mixer sizes its "
+                         "work by each sample's length, which torch.export cannot trace; export a model with a mixer "
+                         "that masks within the batch (softmax, performer, linear, linformer, topk, nystromformer)"
+                         ) from None
 
 
 def _as_tuple(example) -> tuple:

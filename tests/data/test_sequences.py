@@ -190,6 +190,10 @@ def test_pathfinder_dataset_gives_pixel_tokens(tmp_path):
     ids, label = train[1]
     assert ids.shape == (1024,) and set(ids.unique().tolist()) == {0, 255} and label == 1
     assert len(list(tmp_path.glob("pathfinder32-*.npz"))) == 2
+    more, _, _ = build_sequence_datasets("pathfinder", data_dir=str(tmp_path), train_size=6, val_size=2,
+                                         distractors=2, progress=False)
+    assert len(more) == 6 and more[1][0].tolist() == ids.tolist()  # its own file (the count is in the key), nested
+    assert len(list(tmp_path.glob("pathfinder32-*.npz"))) == 3
 
 
 # --- sequential Fashion-MNIST --------------------------------------------------------------------------
@@ -239,8 +243,10 @@ def test_sequence_datasets_are_named_and_kept_apart_from_image_datasets():
         build_sequence_datasets("listop")
     with pytest.raises(ValueError, match="no option 'max_lenn'. Did you mean: max_len"):
         build_sequence_datasets("listops", max_lenn=3)
-    with pytest.raises(ValueError, match="sfashion-mnist has no option 'x'. It takes none"):
+    with pytest.raises(ValueError, match="sfashion-mnist has no option 'x'. Options: seed, train_size, val_size$"):
         build_sequence_datasets("sfashion-mnist", x=1)
+    with pytest.raises(ValueError, match="no option 'trian_size'. Did you mean: train_size"):
+        build_sequence_datasets("listops", trian_size=1)
     with pytest.raises(ValueError, match="sizes must be positive"):
         build_sequence_datasets("listops", train_size=0)
 
@@ -251,7 +257,7 @@ def test_sequence_info_gives_the_model_its_sizes(tmp_path):
         _, _, info = build_sequence_datasets("listops", data_dir=str(tmp_path), train_size=1, val_size=1,
                                              min_len=3, max_len=12, progress=False)
     assert info.kind == "sequence"
-    assert info.model_kwargs() == {"num_classes": 10, "seq_len": 12, "vocab_size": 16}
+    assert info.model_kwargs() == {"num_classes": 10, "seq_len": 12, "vocab_size": 16, "pad_id": 0}   # 0 pads
 
 
 def test_training_an_image_model_on_a_sequence_set_is_a_one_line_cli_error(tmp_path, capsys):

@@ -14,6 +14,7 @@ EPILOG = """examples:
   vitmix bench --models soft_tiny,laplacianformer_tiny --sizes 224,448 --dtype bf16
   vitmix bench --mixers softmax,laplacian --tokens 196,784 --compile
   vitmix bench --spec benchmarks/specs/projection_floor.yaml --out 'runs/projection_floor/{machine}'
+  vitmix bench --mixers all --sequence --tokens 1024,4096,16384 --batch 1,8 --dim 64 --heads 2 --passes fwd+bwd
 
 Mixer options go after the name: NAME:key=value:key=value. The softmax baseline is always
 included; every row shows its speed-up and memory ratio against it."""
@@ -45,8 +46,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"token counts for --mixers (default {','.join(map(str, DEFAULT_TOKENS))})")
     p.add_argument("--sizes", type=_int_list, default=None,
                    help=f"image sides for --models (default {','.join(map(str, DEFAULT_IMAGE_SIZES))})")
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--batch", type=_int_list, default=[1],
+                   help="batch size (default 1); with --sequence, comma-separated sizes to scan (e.g. 1,8)")
     p.add_argument("--dim", type=int, default=384, help="layer width for --mixers (default 384)")
+    p.add_argument("--sequence", action="store_true",
+                   help="--mixers on 1-D sequences of --tokens tokens (no token grid), as sequence models run them; "
+                        "adds where each mixer gets faster than softmax and how its memory grows, per --batch "
+                        "(vitmix.bench.long_sequence)")
     p.add_argument("--heads", type=int, default=6, help="heads for --mixers (default 6)")
     p.add_argument("--dtype", default="fp32",
                    help="fp32, bf16 or fp16 (half = autocast, parameters stay fp32) (default fp32)")
@@ -87,17 +93,22 @@ def config_from_args(args) -> BenchConfig:
         raise ValueError("--sizes is for --models; use --tokens with --mixers")
     if kind == "models" and args.tokens:
         raise ValueError("--tokens is for --mixers; use --sizes with --models")
+    if args.sequence and kind != "mixers":
+        raise ValueError("--sequence is for --mixers (one layer on a 1-D sequence)")
+    if len(args.batch) > 1 and not args.sequence:
+        raise ValueError(f"--batch {','.join(map(str, args.batch))}: several batch sizes are for --sequence scans; "
+                         "give one")
     if args.compile_backend != "inductor" and not args.compile:
         raise ValueError("--compile-backend is for --compile; add --compile")
     names = (args.mixers or args.models).split(",")
     return BenchConfig(
         kind=kind, names=names, sizes=args.tokens if kind == "mixers" else args.sizes,
-        batch=args.batch, dim=args.dim, heads=args.heads, dtype=args.dtype.lower(),
+        batch=args.batch[0], dim=args.dim, heads=args.heads, dtype=args.dtype.lower(),
         passes=tuple(p.strip() for p in args.passes.split(",") if p.strip()),
         max_seconds=args.max_seconds, max_memory_gb=args.max_memory_gb, min_run_time=args.min_run_time,
         device=args.device, baseline_model=args.baseline_model, seed=args.seed,
         measure_memory=not args.no_memory, measure_flops=not args.no_flops, threads=args.threads,
-        compile=args.compile, compile_backend=args.compile_backend,
+        compile=args.compile, compile_backend=args.compile_backend, sequence=args.sequence,
     )
 
 
@@ -116,16 +127,31 @@ def run(args) -> int:
     out = args.out
     if "{machine}" in out:           # the folder the results go to is the one checked
         out = out.replace("{machine}", machine_tag(environment(parse_device(config.device))))
-    check_output_dir(out, (RESULTS_MARKER,), "vitmix bench results")     # before the sweep's minutes
-    result = run_sweep(config, progress=not args.no_progress)
     argv = sys.argv[1:]
     command = ("vitmix " + " ".join(shlex.quote(a) for a in argv) if argv and argv[0] == "bench"
                else "vitmix bench " + _reconstruct(args))
+    if config.sequence:
+        return _run_scan(args, config, out, command)
+    check_output_dir(out, (RESULTS_MARKER,), "vitmix bench results")     # before the sweep's minutes
+    result = run_sweep(config, progress=not args.no_progress)
     paths = write_results(result, out, command=command)
     print(summary_text(result))
     print()
     for note in result.notes:
         print("note:", note)
+    print("wrote", ", ".join(paths))
+    return 0
+
+
+def _run_scan(args, config: BenchConfig, out: str, command: str) -> int:
+    """``--sequence``: the sweep at each ``--batch`` size, with the crossover / memory-growth report."""
+    from ..runs import check_output_dir
+    from .long_sequence import SCAN_MARKER, run_scan, summary_lines, write_report
+
+    check_output_dir(out, (SCAN_MARKER,), "vitmix bench --sequence results")
+    results = run_scan(config, args.batch, progress=not args.no_progress)
+    paths = write_report(results, out, command=command)
+    print("\n".join(summary_lines(results)))
     print("wrote", ", ".join(paths))
     return 0
 

@@ -47,6 +47,8 @@ class BenchConfig:
             compiled median, the first call's seconds (compilation) and the compiled / eager ratio.
         compile_backend: the ``torch.compile`` backend (default ``"inductor"``; ``"eager"`` or
             ``"aot_eager"`` only trace, which is what the tests use to stay fast).
+        sequence: mixers on a 1-D sequence of ``size`` tokens (``sequence=True``: no token grid, no CLS), as
+            a sequence model runs them; else on the most square grid of ``size`` tokens.
     """
 
     kind: str
@@ -68,6 +70,7 @@ class BenchConfig:
     threads: Optional[int] = None
     compile: bool = False
     compile_backend: str = "inductor"
+    sequence: bool = False
 
 
 @dataclass
@@ -87,5 +90,7 @@ class SweepResult:
         if not self.config.compile:  # a sweep without --compile writes what it always wrote
             cfg.pop("compile")
             cfg.pop("compile_backend")
+        if not self.config.sequence:
+            cfg.pop("sequence")
         return {"environment": self.environment, "config": cfg, "stopped_early": self.stopped_early,
                 "elapsed_s": round(self.elapsed_s, 2), "notes": self.notes, "rows": self.rows}

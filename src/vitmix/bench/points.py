@@ -52,7 +52,7 @@ def check_mixer_options(targets: List[Target], config: BenchConfig) -> None:
     for target in targets:
         if config.kind == "mixers":
             try:
-                create(target.name, config.dim, config.heads, **layer_options(target))
+                create(target.name, config.dim, config.heads, sequence=config.sequence, **layer_options(target))
             except (ValueError, TypeError) as err:
                 raise ValueError(f"mixer spec {target.label!r}: {err}") from None
 
@@ -60,8 +60,9 @@ def check_mixer_options(targets: List[Target], config: BenchConfig) -> None:
 def _build_mixer(target: Target, n: int, config: BenchConfig, device) -> _Point:
     from ..mixers import create
 
-    hw = token_grid(n)
-    module = create(target.name, config.dim, config.heads, hw=hw, num_prefix_tokens=0, **layer_options(target))
+    # a 1-D sequence (hw (1, n) as seq_* models give it: layers sized by N, Linformer, take n), or a token grid
+    where = {"sequence": True, "hw": (1, n)} if config.sequence else {"hw": token_grid(n)}
+    module = create(target.name, config.dim, config.heads, num_prefix_tokens=0, **where, **layer_options(target))
     module = module.to(device)
     x = torch.randn(config.batch, n, config.dim, device=device)
     return _Point(module, x, module, n, config.batch * n, "tokens/s")

@@ -8,11 +8,12 @@ from .config import PASSES, BenchConfig
 
 #: ``vitmix bench`` flags a suite sets in its file instead (given with ``--spec`` they are refused, not ignored),
 #: with the value each has when not given
-SWEEP_ONLY = {"tokens": None, "sizes": None, "compile": False, "batch": BenchConfig.batch, "dim": BenchConfig.dim,
+SWEEP_ONLY = {"tokens": None, "sizes": None, "compile": False, "batch": [BenchConfig.batch], "dim": BenchConfig.dim,
               "heads": BenchConfig.heads, "dtype": BenchConfig.dtype, "passes": ",".join(PASSES),
               "min_run_time": BenchConfig.min_run_time, "seed": BenchConfig.seed,
               "max_seconds": BenchConfig.max_seconds, "max_memory_gb": None, "no_memory": False, "no_flops": False,
-              "baseline_model": BenchConfig.baseline_model, "compile_backend": BenchConfig.compile_backend}
+              "baseline_model": BenchConfig.baseline_model, "compile_backend": BenchConfig.compile_backend,
+              "sequence": False}
 
 
 def run_spec(args) -> int:

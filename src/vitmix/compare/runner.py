@@ -167,9 +167,12 @@ def check_manifest(out: Path, base: TrainConfig, seeds: Optional[Sequence[int]] 
 def check_data(base: TrainConfig):
     """A missing dataset fails every entry the same way: say so once, before any training. Returns
     ``(number of training images, data info)``."""
-    from ..data import build_datasets
+    from ..data import build_datasets, is_sequence_dataset
     from ..train.runner import default_img_size
 
+    if is_sequence_dataset(base.data):     # its leaderboard measures image models (size, channels, corruptions)
+        raise ValueError(f"vitmix compare ranks image classifiers; {base.data} holds 1-D token sequences: compare "
+                         "mixers on it with `python experiments/lra/lra.py` (docs/sequences.md)")
     train_set, _, info = build_datasets(base.data, base.img_size or default_img_size(base.model), base.data_dir,
                                         base.download, augment=False, num_frames=base.num_frames)
     if base.train_subset is not None and not 0 < base.train_subset <= len(train_set):

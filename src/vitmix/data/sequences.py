@@ -37,6 +37,8 @@ from . import listops, pathfinder
 from .datasets import FASHION_MNIST_CLASSES, SEQUENCE_DATASETS, _fashion_mnist, dataset_key
 
 SPLITS = ("train", "val")
+#: the arguments of :func:`build_sequence_datasets` that every set takes besides its generator's options
+SIZE_OPTIONS = ("seed", "train_size", "val_size")
 #: bumped when a generator's output changes for the same parameters, so old cache files are not reused
 GENERATOR_VERSION = 1
 
@@ -55,8 +57,10 @@ class SequenceInfo:
     kind: str = "sequence"
 
     def model_kwargs(self) -> dict:
-        """The keyword arguments a sequence model (``seq_*``) takes from the data."""
-        return {"num_classes": self.num_classes, "seq_len": self.seq_len, "vocab_size": self.vocab_size}
+        """The keyword arguments a sequence model (``seq_*``) takes from the data; symbol data pads with id 0,
+        which the model then masks (``pad_id``); pixel data has no padding (0 is black)."""
+        pad = {"pad_id": 0} if self.input_kind == "symbols" else {}
+        return {"num_classes": self.num_classes, "seq_len": self.seq_len, "vocab_size": self.vocab_size, **pad}
 
 
 class TokenSequences(Dataset):
@@ -168,7 +172,8 @@ def _pathfinder(root, seed, sizes, params, progress, download):
     p.check()
     sets = []
     for split, n in zip(SPLITS, sizes):
-        key = {"seed": seed, "split": split, "size": n, **dataclasses.asdict(p)}
+        # the item count under its own name: PathfinderParams' `size` is the image side
+        key = {"seed": seed, "split": split, "items": n, **dataclasses.asdict(p)}
         arrays = cached(root, f"pathfinder{p.size}", key, functools.partial(_pathfinder_split, seed, split, n, p,
                                                                             progress))
         sets.append(TokenSequences.fixed(arrays["images"].reshape(n, -1), arrays["labels"]))
@@ -224,8 +229,9 @@ def build_sequence_datasets(name: str, data_dir: Optional[str] = None, seed: int
     build, default_sizes, valid = _BUILDERS[key]
     for opt in options:
         if opt not in valid:
-            raise ValueError(f"{key} has no option {opt!r}." + close_matches(opt, valid)
-                             + (f" Options: {', '.join(valid)}" if valid else " It takes none."))
+            known = (*SIZE_OPTIONS, *valid)
+            raise ValueError(f"{key} has no option {opt!r}." + close_matches(opt, known)
+                             + f" Options: {', '.join(known)}")
     sizes = (default_sizes[0] if train_size is None else train_size, default_sizes[1] if val_size is None else val_size)
     if any(n is not None and n < 1 for n in sizes):
         raise ValueError(f"dataset sizes must be positive, got train_size={sizes[0]}, val_size={sizes[1]}")
@@ -233,5 +239,5 @@ def build_sequence_datasets(name: str, data_dir: Optional[str] = None, seed: int
     return build(where, seed, sizes, options, progress, download)
 
 
-__all__ = ["GENERATOR_VERSION", "LISTOPS_PARAMS", "PATHFINDER_PARAMS", "SPLITS", "SequenceInfo", "TokenSequences",
-           "build_sequence_datasets", "cached", "is_sequence_dataset"]
+__all__ = ["GENERATOR_VERSION", "LISTOPS_PARAMS", "PATHFINDER_PARAMS", "SIZE_OPTIONS", "SPLITS", "SequenceInfo",
+           "TokenSequences", "build_sequence_datasets", "cached", "is_sequence_dataset"]

@@ -7,7 +7,9 @@ embedding table (``embed="tokens"``, as LRA embeds even pixels), or 8-bit pixel 
 linear embedding of the scaled value (``embed="linear"``). Without a mask, padding is not masked: id 0 is a
 token like any other, and the mean pools it too; ``model(ids, mask=...)`` with a key-padding mask
 (``(B, N)`` bool, ``True`` on real tokens, right padding) leaves the padded tokens out of every mixer and of
-the mean, so a padded sample is classified as it is alone.
+the mean, so a padded sample is classified as it is alone. A model built with ``pad_id`` (ListOps' 0) makes that
+mask itself, ``ids != pad_id``, and drops the batch's all-padding tail first, so a batch costs its longest
+sample's length; this is how ``vitmix train`` gives variable-length data to the model.
 
 Mixers are told a 1-D sequence without a CLS token (``sequence=True``; Linformer is sized for ``seq_len``).
 A mixer without a 1-D behaviour is refused with a one-line ``ValueError``.
@@ -61,6 +63,8 @@ class SequenceClassifier(nn.Module):
         embed: ``"tokens"`` (a lookup table) or ``"linear"`` (one value per token, linearly embedded).
         embed_dim, depth, num_heads, mlp_dim: widths; ``mlp_dim`` is the FFN's hidden width and the head's.
         mixer, mixer_options: the token mixer of every block (default ``softmax``).
+        pad_id: the id that right-pads a shorter sequence (``None``: no id pads; every token is real). With it,
+            ``forward(ids)`` masks the padding (see the module docstring); ``SequenceInfo.model_kwargs()`` sets it.
         drop_rate: dropout after the embedding, in the FFN and on the mixer's output; ``attn_drop_rate``:
             on attention weights (not every mixer has them); ``drop_path_rate``: stochastic depth.
 
@@ -71,17 +75,21 @@ class SequenceClassifier(nn.Module):
     def __init__(self, num_classes: int = 10, seq_len: int = 2000, vocab_size: int = 256, embed: str = "tokens",
                  embed_dim: int = 64, depth: int = 2, num_heads: int = 2, mlp_dim: int = 128,
                  mixer: Optional[str] = None, mixer_options: Optional[dict] = None, drop_rate: float = 0.1,
-                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, qkv_bias: bool = True):
+                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, qkv_bias: bool = True,
+                 pad_id: Optional[int] = None):
         super().__init__()
         if embed not in EMBEDDINGS:
             raise ValueError(f"embed={embed!r}: expected one of {', '.join(EMBEDDINGS)}")
         if seq_len < 1 or vocab_size < 2:
             raise ValueError(f"seq_len must be >= 1 and vocab_size >= 2, got {seq_len} and {vocab_size}")
+        if pad_id is not None and not 0 <= pad_id < vocab_size:
+            raise ValueError(f"pad_id={pad_id} is not an id (0..{vocab_size - 1}); use None when no id pads")
         name = mixer or "softmax"
         if _mixer_class(name).sequence_support(refuse=False) is None:
             raise ValueError(f"mixer {name!r} needs a 2-D token grid; sequence models take the mixers that work on "
                              f"1-D sequences: {', '.join(sequence_mixers())}")
         self.num_classes, self.seq_len, self.vocab_size, self.embed = num_classes, seq_len, vocab_size, embed
+        self.pad_id = pad_id
         self.num_features = self.embed_dim = embed_dim
         self.mlp_dim = mlp_dim
         self.num_prefix_tokens = 0
@@ -113,9 +121,11 @@ class SequenceClassifier(nn.Module):
         init_linear_and_norm(self.head)
 
     def example_inputs(self, batch: int = 1, generator: Optional[torch.Generator] = None):
-        """Random ids of the model's full length, as the one argument of ``model(...)`` (what registry-wide
-        checks and ``vitmix.create_model`` call it with)."""
-        return (torch.randint(0, self.vocab_size, (batch, self.seq_len), generator=generator),)
+        """Random ids of the model's full length (none of them ``pad_id``), as the one argument of
+        ``model(...)`` (what registry-wide checks and ``vitmix.create_model`` call it with)."""
+        low = 0 if self.pad_id is None else 1           # ids >= 1 are mapped past pad_id
+        ids = torch.randint(low, self.vocab_size, (batch, self.seq_len), generator=generator)
+        return (ids if self.pad_id is None else ids - (ids <= self.pad_id).long(),)
 
     def embed_ids(self, ids: Tensor) -> Tensor:
         """``(B, N)`` ids → ``(B, N, C)`` embedded tokens with positions; one-line errors for bad input."""
@@ -157,7 +167,20 @@ class SequenceClassifier(nn.Module):
             x = (x * weights).sum(dim=1) / weights.sum(dim=1)
         return x if pre_logits else self.head(x)
 
+    def padding_mask(self, ids: Tensor):
+        """``(ids, mask)`` for a model with ``pad_id``: ``mask = ids != pad_id`` and, in eager mode, both cut
+        after the batch's last real token (the columns after it pad every row, and masked tokens change
+        nothing), so a batch costs the length of its longest sample."""
+        mask = ids != self.pad_id
+        if torch.jit.is_tracing() or torch.compiler.is_compiling() or not mask.numel():
+            return ids, mask
+        ends = (mask * torch.arange(1, ids.shape[1] + 1, device=ids.device)).amax()  # past the last real token
+        end = max(int(ends), 1)           # a row of padding only is left to the mixers' one-line error
+        return ids[:, :end], mask[:, :end]
+
     def forward(self, ids: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        if mask is None and self.pad_id is not None and ids.dim() == 2:
+            ids, mask = self.padding_mask(ids)
         return self.forward_head(self.forward_features(ids, mask), mask=mask)
 
 

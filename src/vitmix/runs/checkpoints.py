@@ -272,14 +272,25 @@ def resolve_checkpoint(path, prefer: Sequence[str] = BEST_FIRST) -> Path:
 def build_classifier(model: str, num_classes: int, in_chans: int, img_size: int, num_frames: Optional[int] = None,
                      *, mixer: Optional[str] = None, mixer_options: Optional[dict] = None,
                      model_options: Optional[dict] = None, drop_path: float = 0.0, data: Optional[str] = None,
-                     pretrained: bool = False, pretrained_file: Optional[str] = None) -> nn.Module:
-    """The classifier ``model`` (``num_frames``: clip length of video data, ``None`` for images); a
-    model that is no classifier, or video data for an image model (and back), is a one-line ``ValueError``.
-    ``pretrained``: with timm's pretrained weights (from ``pretrained_file`` when given, timm's
-    ``pretrained_cfg_overlay=dict(file=...)``), fitted by timm to the classes, channels and size."""
+                     pretrained: bool = False, pretrained_file: Optional[str] = None,
+                     sequence: Optional[dict] = None) -> nn.Module:
+    """The classifier ``model`` (``num_frames``: clip length of video data, ``None`` for images; ``sequence``:
+    a sequence dataset's ``SequenceInfo.model_kwargs()`` for 1-D data, which replace ``in_chans`` and
+    ``img_size``); a model that is no classifier, or video or sequence data for an image model (and back), is a
+    one-line ``ValueError``. ``pretrained``: with timm's pretrained weights (from ``pretrained_file`` when
+    given, timm's ``pretrained_cfg_overlay=dict(file=...)``), fitted by timm to the classes, channels and size."""
+    from ..models.sequence import is_sequence_model
     from ..models.timesformer import is_video_model
 
-    kwargs = dict(model_options or {}, num_classes=num_classes, in_chans=in_chans, img_size=img_size)
+    if is_sequence_model(model) != (sequence is not None):
+        raise ValueError(f"{model} takes 1-D token sequences: train it on --data listops, pathfinder32 or "
+                         "sfashion-mnist" if sequence is None else f"--data {data}: {data} holds 1-D token "
+                         f"sequences, not images, which {model} does not take: use a sequence model (--model "
+                         "seq_lra_tiny)")
+    if sequence is not None:
+        kwargs = sequence_model_kwargs(sequence, model_options or {}, data)
+    else:
+        kwargs = dict(model_options or {}, num_classes=num_classes, in_chans=in_chans, img_size=img_size)
     if is_video_model(model) != (num_frames is not None):
         raise ValueError(f"{model} takes video clips: train it on --data moving-fashion-mnist or clipfolder"
                          if num_frames is None else f"--data {data} holds video clips, which {model} does not "
@@ -296,6 +307,17 @@ def build_classifier(model: str, num_classes: int, in_chans: int, img_size: int,
         raise ValueError(f"{model} is a {task} model, not a classifier; train it with "
                          f"`vitmix generate train --model {model}`")
     return net
+
+
+def sequence_model_kwargs(sequence: dict, model_options: dict, data: Optional[str] = None) -> dict:
+    """A sequence model's keyword arguments: the data's (``sequence``) under the user's ``model_options``,
+    which may give more positions or ids than the data needs but not fewer (one-line ``ValueError``)."""
+    for key, what in (("seq_len", "tokens, longer than the model's position table"), ("vocab_size", "ids")):
+        if key in model_options and model_options[key] < sequence[key]:
+            fix = "shorten the data (--data-option max_len=N)" if key == "seq_len" else "raise it"
+            raise ValueError(f"--data {data} has up to {sequence[key]} {what} (--model-option {key}="
+                             f"{model_options[key]}); give the model {key} >= {sequence[key]} or {fix}")
+    return {**sequence, **model_options}
 
 
 def _create(model: str, pretrained: bool, kwargs: dict) -> nn.Module:
@@ -326,7 +348,8 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
 
     path = resolve_checkpoint(checkpoint)
     state, meta = read_checkpoint(path)
-    missing = [k for k in ("model", "num_classes", "in_chans", "img_size") if k not in meta]
+    shape = ("sequence",) if "sequence" in meta else ("in_chans", "img_size")   # 1-D id runs: the data's sizes
+    missing = [k for k in ("model", "num_classes", *shape) if k not in meta]
     if not is_safetensors(path):
         raise ValueError(f"{path} is a torch state dict: weights without the vitmix metadata of their model, so "
                          "vitmix cannot rebuild it. Build the model (vitmix.create_model) and load them with "
@@ -337,10 +360,11 @@ def load_checkpoint(checkpoint, device: Optional[str] = None) -> Tuple[nn.Module
         raise ValueError(f"{path} has no vitmix metadata ({', '.join(missing)} missing); was it written by "
                          "vitmix train? Build the model yourself and load it with load_into")
     dev = parse_device(device)
-    model = build_classifier(meta["model"], meta["num_classes"], meta["in_chans"], int(meta["img_size"]),
-                             meta.get("num_frames"), mixer=meta.get("mixer"),
-                             mixer_options=meta.get("mixer_options"), model_options=meta.get("model_options"),
-                             data=meta.get("data"))
+    sequence = meta.get("sequence")
+    model = build_classifier(meta["model"], meta["num_classes"], meta.get("in_chans"),
+                             None if sequence else int(meta["img_size"]), meta.get("num_frames"),
+                             mixer=meta.get("mixer"), mixer_options=meta.get("mixer_options"),
+                             model_options=meta.get("model_options"), data=meta.get("data"), sequence=sequence)
     load_into(model, state, str(path))
     set_data_config(model, run_data_config(meta))
     return model.to(dev).eval(), meta, path
@@ -358,7 +382,10 @@ def known_dataset(data: Optional[str]):
 def run_data_config(meta: Dict[str, Any]) -> Dict[str, Any]:
     """The preprocessing a run trained with, as timm's ``pretrained_cfg`` keys: its channels and image size,
     and for vitmix's image datasets (not video clips) the normalisation and the validation resize
-    (bilinear, no crop), so that ``vitmix eval`` preprocesses as the run validated."""
+    (bilinear, no crop), so that ``vitmix eval`` preprocesses as the run validated; a sequence run's is
+    timm's ``(C, H, W)`` for its N ids, as the ``seq_*`` models' own configs."""
+    if "sequence" in meta:
+        return dict(input_size=(1, 1, int(meta["sequence"]["seq_len"])))
     size = int(meta["img_size"])
     config: Dict[str, Any] = dict(input_size=(int(meta["in_chans"]), size, size))
     info = known_dataset(meta.get("data"))

@@ -159,7 +159,7 @@ def add_field_flags(p: argparse.ArgumentParser, config_cls, helps: Mapping[str, 
     ``aliases``: more names of a field's flag."""
     defaults = config_cls()
     for f in dataclasses.fields(config_cls):
-        if f.name in ("mixer_options", "model_options") or f.name in exclude:
+        if f.name in ("mixer_options", "model_options", "data_options") or f.name in exclude:
             continue
         flag, default = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
         names = (flag, *(aliases or {}).get(f.name, ()))
@@ -179,6 +179,10 @@ def add_field_flags(p: argparse.ArgumentParser, config_cls, helps: Mapping[str, 
                    help="mixer option, repeatable (e.g. -M num_landmarks=16)")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="model constructor option, repeatable (e.g. --model-option depth=4)")
+    if "data_options" in config_cls.field_names() and "data_options" not in exclude:
+        p.add_argument("--data-option", action="append", metavar="KEY=VALUE",
+                       help="sequence data option, repeatable: train_size, val_size, seed and the generator's "
+                            "options (e.g. --data-option train_size=512 --data-option max_len=200)")
 
 
 def config_from_args(args: argparse.Namespace, config_cls,
@@ -202,6 +206,8 @@ def config_from_args(args: argparse.Namespace, config_cls,
         values["mixer_options"] = {**values.get("mixer_options", {}), **parse_key_values(args.mixer_option)}
     if args.model_option:
         values["model_options"] = {**values.get("model_options", {}), **parse_key_values(args.model_option)}
+    if getattr(args, "data_option", None):
+        values["data_options"] = {**values.get("data_options", {}), **parse_key_values(args.data_option)}
     if adjust is not None:
         adjust(values, args)
     for name in OFF_WHEN_ZERO:

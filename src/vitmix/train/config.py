@@ -20,6 +20,7 @@ class TrainConfig(YamlConfig):
     model_options: Dict[str, Any] = field(default_factory=dict)
     data: str = "digits"
     data_dir: Optional[str] = None
+    data_options: Dict[str, Any] = field(default_factory=dict)   # sequence data: sizes, seed, generator options
     download: bool = False
     augment: bool = True                 # random resized crops (and flips for colour data) in training
     img_size: Optional[int] = None       # None: the model's default input size

@@ -108,7 +108,7 @@ def train_one_epoch(model: nn.Module, loader, r: Recipe, *, epoch: int, epochs: 
         if r.mixup_fn is None:
             correct += (logits.argmax(-1) == hard).sum().item()
         rate = seen / max(time.perf_counter() - start, 1e-9)
-        unit = "clips/s" if images.ndim == 5 else "img/s"       # video batches are (B, C, T, H, W)
+        unit = {5: "clips/s", 2: "seq/s"}.get(images.ndim, "img/s")   # video (B, C, T, H, W), sequences (B, N)
         postfix = {"loss": f"{loss_sum / seen:.3f}", unit: f"{rate * info.world_size:.0f}"}
         if r.mixup_fn is None:
             postfix["acc"] = f"{100 * correct / seen:.1f}"

@@ -116,10 +116,14 @@ def eval_classifier(args, checkpoint: Optional[str]) -> int:
 
 def describe(record: dict) -> str:
     """One line of a :func:`validate` result."""
-    how = (f"{record['img_size']}px, crop_pct {record['crop_pct']}, {record['interpolation']}"
-           if record["interpolation"] else f"{record['img_size']}px clips")
+    if record.get("seq_len"):
+        items = f"{record['images']} sequences of up to {record['seq_len']} ids"
+    else:
+        how = (f"{record['img_size']}px, crop_pct {record['crop_pct']}, {record['interpolation']}"
+               if record["interpolation"] else f"{record['img_size']}px clips")
+        items = f"{record['images']} images, {how}"
     return (f"{record['model']} (mixer={record['mixer'] or 'default'}) on {record['data']}: top-1 "
-            f"{record['top1']:.2f}%, top-5 {record['top5']:.2f}% ({record['images']} images, {how}), "
+            f"{record['top1']:.2f}%, top-5 {record['top5']:.2f}% ({items}), "
             f"loss {record['loss']:.4f}, {record['param_count']}M params  [{record['checkpoint'] or 'pretrained'}]")
 
 

@@ -173,6 +173,9 @@ def evaluate_checkpoint_corruptions(checkpoint, *, data: Optional[str] = None, d
     if meta.get("num_frames") is not None:
         raise ValueError(f"--corruptions perturbs images; {path} is a video model (clips of {meta['num_frames']} "
                          "frames): evaluate it without --corruptions")
+    if "sequence" in meta:
+        raise ValueError(f"--corruptions perturbs images; {path} is a sequence model ({meta['model']} on "
+                         f"{meta.get('data')}): evaluate it without --corruptions")
     data = data or meta.get("data")
     _, val_set, info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False)
     if info.num_classes > meta["num_classes"] or info.in_chans != meta["in_chans"]:   # --num-classes: more

@@ -19,7 +19,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from .._util import plural, table_columns
-from ..data import build_datasets, build_loaders, is_video_dataset
+from ..data import build_datasets, build_loaders, is_sequence_dataset, is_video_dataset
 from ..data.sampling import GlobalBatchSampler, SeededSamples, ShardSampler
 from ..runs import (
     ABORTED, Trainable, abort_message, build_classifier, check_resumable as _check_resumable, clear_aborted,
@@ -36,6 +36,7 @@ from .init_from import (
     transfer_stage,
 )
 from .plots import plot_curves
+from .sequences import build_sequence_model, check_sequence_run, data_meta, eval_set, is_sequence_run, sequence_data
 from .timm_recipe import (
     WandbLog, check_start_files, check_wandb, create_optimizer, create_scheduler, load_initial_checkpoint,
     resume_schedule, set_grad_checkpointing, step_epoch, train_augment,
@@ -111,17 +112,26 @@ def val_subset(val_set, size: Optional[int]):
 
 def _meta(cfg: TrainConfig, img_size: int, data_info, metrics: dict) -> dict:
     """What a checkpoint records to rebuild its model, and the epoch's ``epoch``/``val_acc``."""
-    video = {} if data_info.num_frames is None else {"num_frames": data_info.num_frames}
+    if getattr(data_info, "kind", None) == "sequence":
+        shape = data_meta(cfg, data_info)
+    else:
+        shape = {"img_size": img_size, "in_chans": data_info.in_chans,
+                 **({} if data_info.num_frames is None else {"num_frames": data_info.num_frames})}
     start = {} if not cfg.init_from else {"init_from": cfg.init_from, "transfer_epochs": cfg.transfer_epochs,
                                           "distill": cfg.distill}
-    return {**model_meta(cfg), "img_size": img_size, "num_classes": data_info.num_classes,
-            "in_chans": data_info.in_chans, "data": cfg.data, "epoch": metrics["epoch"], "val_acc": metrics["val_acc"],
-            **video, **({"data_dir": str(cfg.data_dir)} if cfg.data_dir else {}), **start}
+    return {**model_meta(cfg), "num_classes": data_info.num_classes, **shape, "data": cfg.data,
+            "epoch": metrics["epoch"], "val_acc": metrics["val_acc"],
+            **({"data_dir": str(cfg.data_dir)} if cfg.data_dir else {}), **start}
 
 
 def _rate_unit(data: str) -> str:
-    """What ``images_per_s`` counts, for the logs: clips for video data, else images."""
-    return "clips/s" if is_video_dataset(data) else "img/s"
+    """What ``images_per_s`` counts, for the logs: clips for video data, sequences for 1-D data, else images."""
+    return "clips/s" if is_video_dataset(data) else "seq/s" if is_sequence_dataset(data) else "img/s"
+
+
+def _size_text(cfg: TrainConfig, size: int) -> str:
+    """The input size for the log line: pixels, or the tokens of a sequence."""
+    return f"{size} tokens" if is_sequence_run(cfg) else f"{size}px"
 
 
 def _summary_table(history, rate_unit: str = "img/s") -> str:
@@ -260,6 +270,7 @@ def world_loaders(train_set, val_set, cfg: TrainConfig, info: DistInfo):
 
 def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     check_numbers(cfg)
+    check_sequence_run(cfg)
     source = None
     if cfg.init_from:                # the teacher gives the architecture (and, by default, the data)
         source = find_teacher(cfg.init_from)
@@ -271,14 +282,20 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
         check_unchanged(run_dir, source)
     seed_everything(cfg.seed, info.rank)
     img_size = cfg.input_size[-1] if cfg.input_size else cfg.img_size or default_img_size(cfg.model)
-    train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download, train_augment(cfg),
-                                                   num_frames=cfg.num_frames)
-    check_video_recipe(cfg, data_info)
-    data_info = model_data(cfg, data_info)
+    if is_sequence_run(cfg):         # 1-D ids (vitmix.train.sequences): the data gives the model its sizes
+        train_set, val_set, data_info = sequence_data(cfg, progress=not _quiet(info))
+        img_size = data_info.seq_len
+        model = build_sequence_model(cfg, data_info)
+    else:
+        train_set, val_set, data_info = build_datasets(cfg.data, img_size, cfg.data_dir, cfg.download,
+                                                       train_augment(cfg), num_frames=cfg.num_frames)
+        check_video_recipe(cfg, data_info)
+        data_info = model_data(cfg, data_info)
+        model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size, data_info.num_frames,
+                            pretrained=cfg.pretrained and not cfg.resume)     # resumed: its own weights
+    model = model.to(info.device)
     train_set = _subset(train_set, cfg.train_subset, cfg.seed)
     val_set = val_subset(val_set, cfg.val_subset)
-    model = build_model(cfg, data_info.num_classes, data_info.in_chans, img_size, data_info.num_frames,
-                        pretrained=cfg.pretrained and not cfg.resume).to(info.device)   # resumed: its own weights
     if cfg.initial_checkpoint and not cfg.resume:
         load_initial_checkpoint(model, cfg.initial_checkpoint)
     if cfg.grad_checkpointing:
@@ -314,9 +331,11 @@ def _train(cfg: TrainConfig, info: DistInfo, log, on_epoch=None) -> dict:
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         clear_aborted(run_dir)
-        save_run_config(run_dir, cfg, f"img_size={img_size} world_size={info.world_size}")
+        size_key = "seq_len" if is_sequence_run(cfg) else "img_size"
+        save_run_config(run_dir, cfg, f"{size_key}={img_size} world_size={info.world_size}")
     log(f"vitmix train: {cfg.model} (mixer={cfg.mixer or 'default'}, {n_params / 1e6:.2f}M params) on {cfg.data} "
-        f"({len(train_set)} train / {len(val_set)} val, {img_size}px) for {plural(cfg.epochs, 'epoch')}, "
+        f"({len(train_set)} train / {len(val_set)} val, {_size_text(cfg, img_size)}) "
+        f"for {plural(cfg.epochs, 'epoch')}, "
         f"device={info.device}, world={info.world_size}, lr {lr:g} for a global batch of {global_batch}"
         f"{f' (--lr × {global_batch}/{cfg.lr_base_batch})' if cfg.lr_base_batch else ''}; run dir {run_dir}")
 
@@ -489,11 +508,14 @@ def evaluate_checkpoint(checkpoint, data: Optional[str] = None, data_dir: Option
     if data is None and data_dir is None:   # the data it was trained on, from the folder it was read from
         data_dir = meta.get("data_dir")
     data = data or meta.get("data")
-    _, val_set, data_info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False,
-                                           num_frames=meta.get("num_frames"))
-    if data_info.num_classes > meta["num_classes"] or data_info.in_chans != meta["in_chans"]:   # --num-classes: more
-        raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
-                         f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
+    if "sequence" in meta or is_sequence_dataset(data):
+        val_set = eval_set(meta, data, data_dir, meta.get("data_options"))
+    else:
+        _, val_set, data_info = build_datasets(data, int(meta["img_size"]), data_dir, augment=False,
+                                               num_frames=meta.get("num_frames"))
+        if data_info.num_classes > meta["num_classes"] or data_info.in_chans != meta["in_chans"]:   # --num-classes
+            raise ValueError(f"{path} was trained for {meta['num_classes']} classes / {meta['in_chans']} channels, "
+                             f"but {data} has {data_info.num_classes} / {data_info.in_chans}")
     info = DistInfo(device=next(model.parameters()).device)
     _, val_loader = build_loaders(val_set, val_set, batch_size, pin_memory=info.device.type == "cuda")
     result = evaluate(model, val_loader, info, amp)

@@ -66,14 +66,18 @@ def validate(checkpoint=None, *, model: Optional[str] = None, pretrained: bool =
                                          checkpoint, use_ema, (classes, chans), pre)
         net, name, mixer = net.to(parse_device(device)), model, mixer or meta.get("mixer")
     config = _preprocessing(net, name, meta, val_set, pre)
-    _check_fit(net, name, meta if model is None else None, data, classes, chans, config)
+    if "sequence" not in meta:
+        _check_fit(net, name, meta if model is None else None, data, classes, chans, config)
     metrics, params = _measure(net, val_set, batch_size, workers, amp), sum(p.numel() for p in net.parameters())
     top1 = metrics["val_acc"]
     top5 = metrics.get("val_acc_top5", 100.0 if metrics["val_images"] else 0.0)  # <= 5 classes: all in the top 5
-    return dict(model=name, top1=round(top1, 4), top1_err=round(100 - top1, 4), top5=round(top5, 4),
-                top5_err=round(100 - top5, 4), param_count=round(params / 1e6, 2), img_size=config["input_size"][-1],
-                crop_pct=config["crop_pct"], interpolation=config["interpolation"], mixer=mixer, data=data,
-                images=metrics["val_images"], loss=metrics["val_loss"], checkpoint=source)
+    record = dict(model=name, top1=round(top1, 4), top1_err=round(100 - top1, 4), top5=round(top5, 4),
+                  top5_err=round(100 - top5, 4), param_count=round(params / 1e6, 2), img_size=config["input_size"][-1],
+                  crop_pct=config["crop_pct"], interpolation=config["interpolation"], mixer=mixer, data=data,
+                  images=metrics["val_images"], loss=metrics["val_loss"], checkpoint=source)
+    if "sequence" in meta:             # img_size is timm's last input dim: the longest sequence here
+        record["seq_len"] = config["input_size"][-1]
+    return record
 
 
 def _from_run(checkpoint, use_ema: bool, data: Optional[str], data_dir: Optional[str], device: Optional[str]):
@@ -87,12 +91,21 @@ def _from_run(checkpoint, use_ema: bool, data: Optional[str], data_dir: Optional
     if data is None and data_dir is None:
         data_dir = meta.get("data_dir")
     data = data or meta.get("data")
+    if "sequence" in meta:             # 1-D ids: the data's own validation split (classes checked there)
+        from .sequences import eval_set
+
+        return net, meta, str(path), data, (eval_set(meta, data, data_dir, meta.get("data_options")), None, None)
     return net, meta, str(path), data, _val_set(data, data_dir, int(meta["img_size"]), meta.get("num_frames"))
 
 
 def _preprocessing(net, name: str, meta: dict, val_set, pre: dict) -> dict:
     """The data config the validation images get (set on ``val_set``); a video run's clips keep their
-    dataset's preparation (no crop or interpolation to report)."""
+    dataset's preparation (no crop or interpolation to report), as a sequence run's ids do."""
+    if "sequence" in meta:
+        if pre:
+            raise ValueError(f"--{next(iter(pre)).replace('_', '-')} sets image preprocessing; {name} is a sequence "
+                             "model whose ids come from its dataset")
+        return dict(input_size=(1, 1, int(meta["sequence"]["seq_len"])), crop_pct=None, interpolation=None)
     if meta.get("num_frames") is not None:
         if pre:
             raise ValueError(f"--{next(iter(pre)).replace('_', '-')} sets image preprocessing; {name} is a video model "
