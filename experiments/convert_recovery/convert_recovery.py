@@ -251,7 +251,7 @@ def plot(rows, path: Path, ft_epochs: int) -> None:
     if rows[0]["teacher_mean"] is not None:
         ax.axhline(rows[0]["teacher_mean"], color="k", ls="--", lw=1, label="teacher (softmax)")
     labels = ["converted", "after transfer", "fine-tune 1 ep", f"fine-tune {ft_epochs} ep",
-              "scratch, student's\nbudget", "scratch, teacher's\nbudget"]
+              "scratch\n(student's ep)", "scratch\n(teacher's ep)"]
     ax.set_xticks(range(len(labels)), labels)
     ax.set(ylabel="validation accuracy (%)", title="Converted from a softmax teacher (mean over seeds)")
     ax.grid(alpha=0.3)
