@@ -28,8 +28,11 @@ columns below it, i.e. damped towards the uniform map).
         --train-subset 3000 --epochs 2 --val-subset 2000 --mixers soft,laplacian
 
 Trained runs instead (``--runs``): the same per-block, per-head statistics of each run's kernel mixers, plus
-the condition number of ``P = W + εI``, on its first ``--images`` validation images (no training), e.g.
-good and bad seeds side by side:
+the condition number of ``P = W + εI``, what each head's kernel attention and local conv add to the block
+output through the head's columns of the output projection (their ratio; a head is "on" when it is at least
+``ON_SHARE``) and ``laplacian``'s learnt mean(V) weights, on its first ``--images`` validation images (no
+training), with a summary per run (heads on, medians, the run's final accuracy), e.g. good and bad seeds or
+head counts side by side:
 
     python experiments/learning/learning_diagnostics.py --runs runs/a runs/b --images 64 --out DIR
 
@@ -41,6 +44,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -147,6 +151,7 @@ def _block_stats(m, x) -> dict:
              "newton_cond": [float(c) for c in cond.median(0).values],
              "entropy": [float(e) for e in ent], "attn_std": _per_head(attn),
              "local_std": _per_head(local) if local is not None else None, "v_std": _per_head(v)}
+    stats.update(_head_contributions(m, attn[:, :, prefix:], local))
     if laplacian and m.normalize:
         from vitmix.ops import nystrom_attention
 
@@ -156,6 +161,33 @@ def _block_stats(m, x) -> dict:
         ratio = r.var(dim=-2, correction=0) / m.norm_eps                  # (B, heads, N_k)
         stats["colvar_over_eps"] = [float(t.median()) for t in ratio.unbind(1)]
         stats["damped_share"] = [float((t < 1).float().mean()) for t in ratio.unbind(1)]
+    return stats
+
+
+#: a head is "on" when its kernel-attention path reaches the block output with at least this share of the size
+#: of its local conv path; trained `soft` heads sit at 1e-4..1e-2 or 0.3..10 (bimodal), so any threshold in
+#: 0.02..0.2 counts the same heads
+ON_SHARE = 0.1
+
+
+def _head_contributions(m, attn: torch.Tensor, local) -> dict:
+    """What each head adds to the block output on the grid tokens: the std of its kernel-attention output ``attn
+    (B, heads, HW, d)`` and of its local conv output (same shape) mapped through the head's columns of the output
+    projection, their ratio,
+    whether the head is "on" (:data:`ON_SHARE`), and ``laplacian``'s learnt weight of the map's mean(V) term."""
+    d = m.head_dim
+    w = (m.proj if hasattr(m, "proj") else m.ff).weight.to(attn.dtype)     # SOFT names its output linear ff
+    heads = range(m.num_heads)
+    attn_out = [float((attn[:, i] @ w[:, i * d:(i + 1) * d].T).std()) for i in heads]
+    stats = {"attn_out": attn_out}
+    if local is not None:
+        local = local.to(attn.dtype)
+        local_out = [float((local[:, i] @ w[:, i * d:(i + 1) * d].T).std()) for i in heads]
+        ratio = [a / max(lo, 1e-30) for a, lo in zip(attn_out, local_out)]
+        stats.update(local_out=local_out, attn_over_local=ratio, heads_on=sum(r >= ON_SHARE for r in ratio))
+    weight = getattr(m, "mean_weight", None)
+    if isinstance(weight, torch.Tensor):
+        stats["mean_weight"] = [float(v) for v in weight.detach()]
     return stats
 
 
@@ -274,26 +306,47 @@ def trained(run: str, images: int) -> dict:
     layers = _layer_stats(model, x)
     if not layers:
         raise SystemExit(f"{run}: {meta.get('mixer') or meta['model']} has no kernel (landmark) mixer to diagnose")
+    summary = Path(run) / "summary.json"
+    acc = json.loads(summary.read_text()).get("final_val_acc") if summary.is_file() else None
+    mixer = next(m for m in model.modules() if isinstance(m, TokenMixer))
     return {"run": str(run), "checkpoint": path.name, "mixer": meta.get("mixer") or meta["model"],
-            "options": meta.get("mixer_options") or {}, "images": len(x), "layers": layers}
+            "options": meta.get("mixer_options") or {}, "images": len(x), "layers": layers,
+            "heads": mixer.num_heads, "head_dim": mixer.head_dim, "final_val_acc": acc}
 
 
 def write_trained(rows, out: Path, env: dict, cmd: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"environment": env, "command": cmd, "rows": rows}, indent=2))
-    keys = ["newton_residual", "newton_cond", "kernel_cv", "entropy", "attn_std", "local_std"]
+    keys = ["newton_residual", "newton_cond", "kernel_cv", "entropy", "attn_std", "local_std", "attn_over_local",
+            "mean_weight"]
     cells = [[r["run"], r["mixer"], i] + ["–" if layer.get(k) is None else "/".join(f"{v:.3g}" for v in layer[k])
                                           for k in keys]
              for r in rows for i, layer in enumerate(r["layers"])]
+    summary = [[r["run"], r["mixer"], f"{r['heads']}×{r['head_dim']}",
+                "–" if r.get("final_val_acc") is None else f"{r['final_val_acc']:.2f}",
+                f"{sum(layer.get('heads_on', 0) for layer in r['layers'])}/{r['heads'] * len(r['layers'])}",
+                f"{_median(v for layer in r['layers'] for v in layer['kernel_cv']):.3g}",
+                f"{_median(v for layer in r['layers'] for v in layer.get('attn_over_local') or [math.nan]):.3g}",
+                f"{_median(v for layer in r['layers'] for v in layer['entropy']):.3g}"]
+               for r in rows]
     lines = ["# Kernel-mixer statistics of trained runs", "", f"Command: `{cmd}`  ",
              f"{env['cpu']}, torch {env['torch']}, {env['date_utc']}. Per block, values per head separated by /, "
              f"on each run's first {rows[0]['images']} validation images: the Newton–Schulz residual "
              "‖I − PV‖_F/√m after the mixer's own iterations (mean over images; P = W + εI, W the landmark "
              "kernel matrix), the condition number of P (median), the kernel spread std/mean of K(Q, landmarks), "
-             "the attention entropy in nats, and the std of the kernel-attention and local-conv outputs.", "",
+             "the attention entropy in nats, the std of the kernel-attention and local-conv outputs, the ratio of "
+             "the two after the output projection (each head's columns of `proj`), and `laplacian`'s learnt weight "
+             f"of the map's mean(V) term. A head is on when that ratio is at least {ON_SHARE}.", "",
+             markdown_table(["run", "mixer", "heads × dim", "final top-1 %", "heads on", "median kernel_cv",
+                             "median attn/local", "median entropy"], summary), "",
              markdown_table(["run", "mixer", "block"] + keys, cells)]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _median(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else math.nan
 
 
 def _options(row) -> str:

@@ -290,7 +290,12 @@ def test_learning_diagnostics_reads_trained_runs_per_block_and_head(tmp_path):
     for layer in row["layers"]:
         assert len(layer["newton_residual"]) == len(layer["newton_cond"]) == 3
         assert all(0 <= r < 1 for r in layer["newton_residual"]) and all(c >= 1 for c in layer["newton_cond"])
+        # what each head adds through the output projection, and the learnt mean(V) weights (initialised to 0)
+        assert len(layer["attn_out"]) == len(layer["attn_over_local"]) == len(layer["mean_weight"]) == 3
+        assert layer["heads_on"] == sum(r >= diagnostics.ON_SHARE for r in layer["attn_over_local"])
+    assert (row["heads"], row["head_dim"]) == (3, 16) and row["final_val_acc"] is not None
     md = (tmp_path / "out" / "results.md").read_text()
-    assert md.count("| laplacian |") == 2 and "first 5 validation images" in md
+    # one summary row per run, then one row per block
+    assert md.count("| laplacian |") == 1 + 2 and "| 3×16 |" in md and "first 5 validation images" in md
     with pytest.raises(SystemExit, match="softmax has no kernel"):
         diagnostics.main(["--runs", str(tmp_path / "softmax"), "--out", str(tmp_path / "out2")])
