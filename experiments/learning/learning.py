@@ -197,7 +197,10 @@ def finished_final(entry: Entry):
 def shape_label(cfg: TrainConfig) -> str:
     o = cfg.model_options
     width, heads = o.get("embed_dim"), o.get("num_heads")
-    return f"{width}×{heads} (d {width // heads})" if width and heads else cfg.model
+    if not (width and heads):
+        return cfg.model
+    extra = "".join(f", {name} {o[key]}" for key, name in (("depth", "depth"), ("mlp_ratio", "MLP")) if key in o)
+    return f"{width}×{heads} (d {width // heads}){extra}"
 
 
 def budget_label(cfg: TrainConfig) -> str:
@@ -280,7 +283,7 @@ def grid_report(rows, goals, spec_path: Path, env: dict, cmd: str) -> str:
         "folder under runs/learning/grid/ to retrain it. † a value read back from the committed "
         "results.json (its run folder is not on this machine); `--forget ENTRY` drops those of an entry "
         "whose defaults changed, so that it is retrained.", "",
-        markdown_table(["shape (width×heads)", "budget", "entry", "final mean ± std (n)", "seeds done",
+        markdown_table(["shape (width×heads, depth)", "budget", "entry", "final mean ± std (n)", "seeds done",
                         "per seed"], cells),
         "", "Goals (margin = difference of the means, points):", "",
         markdown_table(["shape", "budget", "goal", "margin", "verdict"], goal_cells)])
