@@ -10,7 +10,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 SCRIPTS = {"fibottention": "benchmarks", "onnx_parity": "benchmarks", "learning": "experiments/learning",
-           "learning_diagnostics": "experiments/learning", "convert_recovery": "experiments/convert_recovery"}
+           "learning_diagnostics": "experiments/learning", "convert_recovery": "experiments/convert_recovery",
+           "replace_entry": "experiments/compare"}
 
 
 def _load(name):
@@ -299,3 +300,48 @@ def test_learning_diagnostics_reads_trained_runs_per_block_and_head(tmp_path):
     assert md.count("| laplacian |") == 1 + 2 and "| 3×16 |" in md and "first 5 validation images" in md
     with pytest.raises(SystemExit, match="softmax has no kernel"):
         diagnostics.main(["--runs", str(tmp_path / "softmax"), "--out", str(tmp_path / "out2")])
+
+
+def _board_copy(tmp_path, name, keep=None, shift=0.0):
+    """The committed Fashion-MNIST board's ``leaderboard.json`` in ``tmp_path/name``, optionally with only the
+    ``keep`` entries, their top-1 moved by ``shift`` (a stand-in for a retrained entry)."""
+    board = json.loads((ROOT / "experiments/compare/results/fashion-mnist/leaderboard.json").read_text())
+    if keep:
+        board["rows"] = [r for r in board["rows"] if r["entry"] in keep]
+    for row in board["rows"]:
+        for run in row["runs"]:
+            run["top1"] += shift
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "leaderboard.json").write_text(json.dumps(board))
+    return folder, board
+
+
+def test_replace_entry_swaps_one_entrys_runs_and_reranks_the_committed_board(tmp_path):
+    script = _load("replace_entry")
+    board, before = _board_copy(tmp_path, "board")
+    retrained, _ = _board_copy(tmp_path, "retrained", keep={"laplacian"}, shift=20.0)
+    script.main([str(board), str(retrained), "--entries", "laplacian"])
+    after = {r["entry"]: r for r in json.loads((board / "leaderboard.json").read_text())["rows"]}
+    old = {r["entry"]: r for r in before["rows"]}
+    assert after.keys() == old.keys()
+    assert after["laplacian"]["top1"] == pytest.approx(old["laplacian"]["top1"] + 20.0)
+    assert after["laplacian"]["rank"] == 1 and after["linformer"]["rank"] == 2     # re-ranked from the runs
+    for entry in old.keys() - {"laplacian"}:
+        assert after[entry]["top1"] == pytest.approx(old[entry]["top1"])
+    assert "laplacian" in json.loads((board / "retrained.json").read_text())
+    assert (board / "leaderboard.md").is_file() and (board / "runs.csv").is_file()
+
+
+def test_replace_entry_refuses_another_recipe_or_a_missing_entry(tmp_path):
+    script = _load("replace_entry")
+    board, _ = _board_copy(tmp_path, "board")
+    retrained, other = _board_copy(tmp_path, "retrained", keep={"laplacian"})
+    with pytest.raises(ValueError, match="has no runs of \\['soft'\\]"):
+        script.main([str(board), str(retrained), "--entries", "soft"])
+    other["recipe"]["lr"] = 0.001
+    (retrained / "leaderboard.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="recipe keys \\['lr'\\]"):
+        script.main([str(board), str(retrained), "--entries", "laplacian"])
+    with pytest.raises(FileNotFoundError, match="written by `vitmix compare`"):
+        script.main([str(tmp_path / "nowhere"), str(retrained), "--entries", "laplacian"])
