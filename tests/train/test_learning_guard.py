@@ -1,5 +1,6 @@
 """A learning regression guard that runs in seconds: ``laplacian`` must learn a fixed tiny problem about as
-well as ``soft``, and the guard must fail when the injective normalisation is switched off.
+well as ``soft``, with 2 heads and with 4, and the guard must fail when the injective normalisation is switched
+off (2 heads) or the Newton–Schulz steps go back to 20 (4 heads).
 
 The problem: the bundled 8×8 digits at their native size, patch 2 (a 4×4 grid of 16 tokens, so 4
 landmarks), a 2-block ViT of width 32 with 2 heads, 120 AdamW steps of 128 images drawn from the first 512
@@ -19,6 +20,14 @@ float32 rounding, and through the chaos above that is another draw of each seed'
 machines above agree within the seed noise. The 6-seed mean's standard error is std/√6 ≈ 1-1.2 points, so the
 floor sits ~10 standard errors below laplacian's mean and ~10 above the map-switched-off mean, and the gap
 to soft (≤ 8) ~5 standard errors of a difference above the measured ones (-1.3 and 1.2).
+
+The four-head problem (issue 45) is the same recipe at width 64 with 4 heads of 16: the head dim of the two-head
+problem, twice the heads, as the learning grid adds heads at a fixed width. It is validated against the grid: 20
+Newton–Schulz steps, which trailed ``soft`` at 4 heads on the grid's 128×4 point while 10 steps lead it there, give
+a 6-seed mean about 12 points below ``soft`` and 6 below ``FOUR_HEAD_FLOOR``; the defaults sit about 6 above it,
+within about a point of ``soft``. With per-seed standard deviations of 2-2.5 points both margins are ~6 standard
+errors of a 6-seed mean, for the same reason as above on any x86-64 CPU. The measurements are in
+``docs/soft-laplacianformer.md`` ("The learning guard in the suite").
 """
 import pytest
 import torch
@@ -30,6 +39,7 @@ SEEDS = (0, 1, 2, 3, 4, 5)
 STEPS, BATCH, LR = 120, 128, 4e-3
 LAPLACIAN_FLOOR = 66.0        # % validation top-1, 6-seed mean
 MAX_GAP_TO_SOFT = 8.0         # points, 6-seed means
+FOUR_HEAD_FLOOR = 75.0        # % validation top-1, 6-seed mean, width 64 with 4 heads (FOUR_HEADS)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +51,8 @@ def digits():
     return x, torch.tensor(d.target)
 
 
-def _tiny_run(digits, mixer: str, seed: int, **options) -> float:
-    """Validation top-1 (%) after the guard's fixed recipe."""
+def _tiny_run(digits, mixer: str, seed: int, width: int = 32, heads: int = 2, **options) -> float:
+    """Validation top-1 (%) after the guard's fixed recipe, with ``heads`` heads of ``width // heads``."""
     x, y = digits
     train, val = torch.arange(0, 512), torch.arange(1400, len(x))
     threads = torch.get_num_threads()
@@ -50,7 +60,7 @@ def _tiny_run(digits, mixer: str, seed: int, **options) -> float:
     try:
         torch.manual_seed(seed)
         model = vitmix.create_model("vit_nano_patch4_32", mixer=mixer, mixer_options=options, img_size=8, in_chans=1,
-                                    num_classes=10, patch_size=2, embed_dim=32, depth=2, num_heads=2)
+                                    num_classes=10, patch_size=2, embed_dim=width, depth=2, num_heads=heads)
         opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
         draw = torch.Generator().manual_seed(seed)
         model.train()
@@ -72,6 +82,10 @@ def _mean(digits, mixer: str, **options) -> float:
     return sum(_tiny_run(digits, mixer, seed, **options) for seed in SEEDS) / len(SEEDS)
 
 
+#: the four-head problem: width 64, 4 heads of 16 (the two-head problem's head dim, twice its heads)
+FOUR_HEADS = dict(width=64, heads=4)
+
+
 @pytest.mark.slow
 def test_laplacian_learns_the_tiny_problem_and_stays_near_soft(digits):
     laplacian, soft = _mean(digits, "laplacian"), _mean(digits, "soft")
@@ -83,3 +97,17 @@ def test_laplacian_learns_the_tiny_problem_and_stays_near_soft(digits):
 def test_the_guard_catches_the_normalisation_switched_off(digits):
     """The guard can fail: the same problem with the injective map off stays below the bound."""
     assert _mean(digits, "laplacian", normalize=False) < LAPLACIAN_FLOOR
+
+
+@pytest.mark.slow
+def test_laplacian_learns_the_tiny_problem_with_four_heads(digits):
+    """At 4 heads a default that loses its learning as heads are added falls below the four-head floor."""
+    laplacian = _mean(digits, "laplacian", **FOUR_HEADS)
+    assert laplacian >= FOUR_HEAD_FLOOR, f"laplacian with 4 heads {laplacian:.1f} % < {FOUR_HEAD_FLOOR}"
+
+
+@pytest.mark.slow
+def test_the_four_head_guard_catches_twenty_newton_steps(digits):
+    """The four-head guard can fail: 20 Newton–Schulz steps, the default that lost to ``soft`` at 4 heads on
+    the learning grid, stay below its floor."""
+    assert _mean(digits, "laplacian", newton_iters=20, **FOUR_HEADS) < FOUR_HEAD_FLOOR
