@@ -34,9 +34,13 @@ def _board(folder: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _recipe(board: dict) -> dict:
+    """The board's recipe with today's defaults for the options added since it was written."""
+    return {k: v for k, v in TrainConfig.from_dict(board["recipe"]).to_dict().items() if k not in _RUN_LOCATION}
+
+
 def _check_same_setup(committed: dict, new: dict) -> None:
-    mine = {k: v for k, v in committed["recipe"].items() if k not in _RUN_LOCATION}
-    theirs = {k: v for k, v in new["recipe"].items() if k not in _RUN_LOCATION}
+    mine, theirs = _recipe(committed), _recipe(new)
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differ or committed["seeds"] != new["seeds"] or committed["budget"] != new["budget"]:
         raise ValueError(f"the retrained board differs from the committed one (recipe keys {differ}, seeds "
