@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 SCRIPTS = {"fibottention": "benchmarks", "onnx_parity": "benchmarks", "learning": "experiments/learning",
            "learning_diagnostics": "experiments/learning", "convert_recovery": "experiments/convert_recovery",
-           "replace_entry": "experiments/compare"}
+           "replace_entry": "experiments/compare", "tiny_problem": "experiments/learning"}
 
 
 def _load(name):
@@ -349,3 +349,19 @@ def test_replace_entry_refuses_another_recipe_or_a_missing_entry(tmp_path):
         script.main([str(board), str(retrained), "--entries", "laplacian"])
     with pytest.raises(FileNotFoundError, match="written by `vitmix compare`"):
         script.main([str(tmp_path / "nowhere"), str(retrained), "--entries", "laplacian"])
+
+
+def test_tiny_problem_runs_specs_with_a_boosted_group_and_writes_its_table(tmp_path):
+    script = _load("tiny_problem")
+    label, mixer, run, options = script.parse_spec("x4=laplacian:width=64,heads=4,lr=1e-3,boost=attn.+head,"
+                                                    "newton_iters=20,normalize=false")
+    assert (label, mixer, options) == ("x4", "laplacian", {"newton_iters": 20, "normalize": False})
+    assert run == dict(script.RUN_KEYS, width=64, heads=4, lr=1e-3, boost="attn.+head")
+    with pytest.raises(ValueError, match="LABEL=MIXER"):
+        script.parse_spec("laplacian")
+    script.main(["a=soft:steps=2", "b=laplacian:width=64,heads=4,steps=2,boost=attn.", "--seeds", "0,1",
+                 "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert set(results) == {"a", "b"} and all(len(r["top1"]) == 2 for r in results.values())
+    assert all(0.0 <= a <= 100.0 for r in results.values() for a in r["top1"])
+    assert "| b | laplacian |" in (tmp_path / "results.md").read_text()
