@@ -1,8 +1,9 @@
 """The learning guard's tiny problem as an experiment: any width, head count, learning rate, step count, mixer
 options, and a learning-rate factor for one group of parameters.
 
-The problem is ``tests/train/test_learning_guard.py``'s (the bundled 8×8 digits, patch 2, a 2-block ViT, AdamW
-with batch 128 from the first 512 digits, clip 1.0, validation on the last 397, one thread); a run takes seconds,
+The problem is the learning guard's (``tests/train/test_learning_guard.py`` runs it through :func:`tiny_run`): the
+bundled 8×8 digits, patch 2, a 2-block ViT, AdamW with batch 128 from the first 512 digits, clip 1.0, validation
+on the last 397, one thread. A run takes seconds,
 so questions about how a mixer learns (which learning rate it needs, which parameters are slow) can be asked
 over many seeds before a grid run. Each spec is ``LABEL=MIXER[:KEY=VALUE,...]``; the keys ``width``, ``heads``,
 ``lr``, ``steps``, ``boost`` (parameter-name substrings, ``+``-separated) and ``factor`` (the boosted group's

@@ -29,51 +29,44 @@ within about a point of ``soft``. With per-seed standard deviations of 2-2.5 poi
 errors of a 6-seed mean, for the same reason as above on any x86-64 CPU. The measurements are in
 ``docs/soft-laplacianformer.md`` ("The learning guard in the suite").
 """
+import importlib.util
+import pathlib
+
 import pytest
 import torch
-import torch.nn.functional as F
-
-import vitmix
 
 SEEDS = (0, 1, 2, 3, 4, 5)
-STEPS, BATCH, LR = 120, 128, 4e-3
+STEPS, LR = 120, 4e-3          # AdamW steps of 128 images, and their learning rate
 LAPLACIAN_FLOOR = 66.0        # % validation top-1, 6-seed mean
 MAX_GAP_TO_SOFT = 8.0         # points, 6-seed means
 FOUR_HEAD_FLOOR = 75.0        # % validation top-1, 6-seed mean, width 64 with 4 heads (FOUR_HEADS)
 
 
+def _tiny_problem():
+    """``experiments/learning/tiny_problem.py``: the problem's one definition (the experiment asks the same
+    problem other questions: learning rates, shapes, per-group factors)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "learning" / "tiny_problem.py"
+    spec = importlib.util.spec_from_file_location("tiny_problem", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TINY = _tiny_problem()
+
+
 @pytest.fixture(scope="module")
 def digits():
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0 - 0.3) / 0.4
-    return x, torch.tensor(d.target)
+    return TINY.digits()
 
 
 def _tiny_run(digits, mixer: str, seed: int, width: int = 32, heads: int = 2, **options) -> float:
     """Validation top-1 (%) after the guard's fixed recipe, with ``heads`` heads of ``width // heads``."""
-    x, y = digits
-    train, val = torch.arange(0, 512), torch.arange(1400, len(x))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)      # the measured means are for one thread
     try:
-        torch.manual_seed(seed)
-        model = vitmix.create_model("vit_nano_patch4_32", mixer=mixer, mixer_options=options, img_size=8, in_chans=1,
-                                    num_classes=10, patch_size=2, embed_dim=width, depth=2, num_heads=heads)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-        draw = torch.Generator().manual_seed(seed)
-        model.train()
-        for _ in range(STEPS):
-            idx = train[torch.randint(0, len(train), (BATCH,), generator=draw)]
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            return (model(x[val]).argmax(-1) == y[val]).float().mean().item() * 100
+        run = dict(TINY.RUN_KEYS, width=width, heads=heads, lr=LR, steps=STEPS)
+        return TINY.tiny_run(digits, mixer, seed, run, options)
     finally:
         torch.set_num_threads(threads)
 
