@@ -10,7 +10,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitmix
 from vitmix import mixers
-from vitmix.mixers.laplacian import rope_2d
+from vitmix.mixers.laplacian import LaplacianAttention, rope_2d
 from vitmix.ops.newton import newton_schulz_reference
 
 
@@ -24,7 +24,10 @@ def _lap(a, b, lam):
 def laplacian_reference(layer, x, prefix, H, W, inverse="newton"):
     b, n, c = x.shape
     h, d = layer.num_heads, layer.head_dim
-    q, k, v = F.linear(x, layer.qkv.weight, layer.qkv.bias).reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4)
+    g = layer.value_gain            # the value rows of qkv and proj's weight are used as g·W
+    gain = torch.cat([torch.ones(2 * c), torch.full((c,), g)]).to(x.dtype)
+    bias = None if layer.qkv.bias is None else layer.qkv.bias * gain
+    q, k, v = F.linear(x, layer.qkv.weight * gain[:, None], bias).reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4)
     if layer.rope:
         q, k = rope_2d(q, prefix, H, W, layer.rope_base), rope_2d(k, prefix, H, W, layer.rope_base)
     q, k = q * layer.qk_scale, k * layer.qk_scale
@@ -57,7 +60,7 @@ def laplacian_reference(layer, x, prefix, H, W, inverse="newton"):
         out = out.clone()
         out[:, :, prefix:] += local.reshape(b, h, d, H * W).transpose(-1, -2)
     out = out.transpose(1, 2).reshape(b, n, c)
-    return F.linear(out, layer.proj.weight, layer.proj.bias)
+    return F.linear(out, layer.proj.weight * g, layer.proj.bias)
 
 
 def _make(dim=48, heads=3, **opts):
@@ -85,6 +88,7 @@ CASES = [  # (batch, prefix, H, W, options)
     (2, 0, 7, 5, {"num_landmarks": (3, 2), "lam": 2.0, "qk_scale": 0.5}),
     (1, 1, 4, 4, {"landmark_stride": 1, "conv_kernel": 5}),
     (2, 1, 5, 7, {"mean_weight": None}),    # the fixed map (default: a learnt weight per head, perturbed by _make)
+    (2, 1, 6, 5, {"value_gain": 3.0}),      # the value path's parametrisation gain
 ]
 
 
@@ -125,7 +129,7 @@ def test_inference_in_one_c_call_matches_dense_reference(c_calls, batch, prefix,
 
 
 @pytest.mark.parametrize("opts", [{}, {"norm_scale": "sqrt"}, {"conv_kernel": 0}, {"num_landmarks": 9},
-                                  {"mean_weight": None}])
+                                  {"mean_weight": None}, {"value_gain": 4.0}])
 @pytest.mark.parametrize("batch,prefix,hw", [(1, 1, (14, 14)), (3, 4, (7, 9))])
 def test_inference_in_one_c_call_matches_the_composed_path_float32(c_calls, monkeypatch, opts, batch, prefix, hw):
     """float32 at the leaderboard's shape and an odd one: the C call against the composed path (kernels
@@ -153,6 +157,7 @@ TRAIN_CASES = [  # (batch, prefix, H, W, dim, heads, options): odd grids, head d
     (2, 1, 5, 7, 48, 3, {"mean_weight": None}),
     (2, 1, 6, 6, 48, 3, {"conv_kernel": 0, "norm_scale": "none"}),
     (1, 1, 14, 14, 64, 2, {"norm_scale": "sqrt", "landmark_stride": 4}),
+    (2, 1, 6, 6, 48, 3, {"value_gain": 4.0}),
 ]
 
 
@@ -315,6 +320,9 @@ def test_bad_input_errors():
         mixers.create("laplacian", 48, 5)
     with pytest.raises(ValueError, match="mean_weight=nan must be a finite number"):
         mixers.create("laplacian", 48, 3, mean_weight=float("nan"))
+    for bad in (0, -2.0, float("inf"), "4"):
+        with pytest.raises(ValueError, match="value_gain=.* must be a finite number > 0"):
+            mixers.create("laplacian", 48, 3, value_gain=bad)
 
 
 def test_floor_mode_matches_reference_on_the_trimmed_landmarks():
@@ -410,3 +418,65 @@ def test_fixed_map_checkpoint_loads_as_weight_one_and_learns():
     torch.testing.assert_close(learnt(x), fixed(x), rtol=1e-12, atol=1e-12)
     learnt(x).square().sum().backward()
     assert learnt.mean_weight.grad is not None and learnt.mean_weight.grad.abs().min() > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# value_gain: the value path stored at 1/g of its effective weights (a training parametrisation)
+# ---------------------------------------------------------------------------------------------
+def test_value_gain_state_dicts_move_between_gains():
+    """Weights saved at one gain load at any other (and from gain-1 layers, which is what ``vitmix.convert``'s
+    teachers and old checkpoints hold) with the same outputs; ``stored_gain`` is saved only when g ≠ 1, and
+    loading never changes the caller's tensors."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 1 + 36, 48, dtype=torch.float64)
+    plain = _make().eval()
+    ref = plain(x, hw=(6, 6))
+    assert not any("gain" in key for key in plain.state_dict())
+    state, layers = plain.state_dict(), {}
+    before = {key: value.clone() for key, value in state.items()}
+    for g in (4.0, 0.5, 2.0):
+        layers[g] = mixers.create("laplacian", 48, 3, qkv_bias=True, value_gain=g).double().eval()
+        layers[g].load_state_dict(state)
+        torch.testing.assert_close(layers[g](x, hw=(6, 6)), ref, rtol=1e-12, atol=1e-12)
+        assert float(layers[g].stored_gain) == g
+        assert torch.allclose(layers[g].proj.weight, plain.proj.weight / g)
+        state = layers[g].state_dict()         # the next gain loads this one's
+    assert all(torch.equal(before[key], value) for key, value in plain.state_dict().items())
+    back = mixers.create("laplacian", 48, 3, qkv_bias=True).double().eval()
+    back.load_state_dict(layers[2.0].state_dict())     # strict: the saved gain is dropped, the weights rescaled
+    torch.testing.assert_close(back(x, hw=(6, 6)), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("model,kwargs", [
+    ("vit_nano_patch4_32", dict(mixer="laplacian", img_size=16, in_chans=1, num_classes=10, patch_size=2,
+                                embed_dim=32, depth=2, num_heads=2)),           # timm's ViT init calls init_weights
+    ("laplacianformer_nano", dict(img_size=32, num_classes=10)),                # vitmix's pyramid init
+])
+def test_value_gain_starts_from_the_same_function(model, kwargs):
+    """The gain changes how Adam moves the value path, not the model at initialisation: the same seed gives
+    the same logits at g = 1 and g = 4, with the value weights stored at 1/4."""
+    x = torch.randn(2, kwargs.get("in_chans", 3), kwargs["img_size"], kwargs["img_size"])
+    out = {}
+    for g in (1.0, 4.0):
+        torch.manual_seed(0)
+        net = vitmix.create_model(model, mixer_options={"value_gain": g}, **kwargs).eval()
+        with torch.no_grad():
+            out[g] = net(x)
+        layer = next(m for m in net.modules() if isinstance(m, LaplacianAttention))
+        out[g, "proj"] = layer.proj.weight.detach().clone()
+    torch.testing.assert_close(out[4.0], out[1.0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out[4.0, "proj"] * 4, out[1.0, "proj"])
+
+
+def test_value_gain_model_ema_follows_the_weights():
+    """timm's ModelEmaV3 averages ``state_dict()`` tensors in place: they must be the layer's own parameters
+    (the gain is stored in the parameters, not applied in a state-dict hook)."""
+    from timm.utils import ModelEmaV3
+
+    torch.manual_seed(0)
+    layer = mixers.create("laplacian", 48, 3, value_gain=4.0)
+    ema = ModelEmaV3(layer, decay=0.5)
+    with torch.no_grad():
+        layer.proj.weight.add_(1.0)
+    ema.update(layer, step=100)
+    torch.testing.assert_close(ema.module.proj.weight, layer.proj.weight - 0.5)

@@ -165,7 +165,8 @@ def query_key_value(mixer: nn.Module, x: torch.Tensor):
     heads = int(mixer.num_heads)
     b, n, c = x.shape
     if isinstance(getattr(mixer, "qkv", None), nn.Linear):
-        q, k, v = mixer.qkv(x).reshape(b, n, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        project = getattr(mixer, "_project_qkv", mixer.qkv)     # a layer's own projection applies its value gain
+        q, k, v = project(x).reshape(b, n, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         qn, kn = getattr(mixer, "q_norm", None), getattr(mixer, "k_norm", None)
         q = qn(q) if qn is not None else q
         k = kn(k) if kn is not None else k

@@ -28,7 +28,12 @@ documented in ``docs/soft-laplacianformer.md``:
   filter shared by the head's channels;
   ``conv_kernel=0`` disables it;
 * optional 2-D axial **RoPE** on the grid queries and keys (``rope=True``), reported by secondary
-  sources for the paper's backbone.
+  sources for the paper's backbone;
+* an optional **value gain** ``g`` (``value_gain``, not in the paper, a training parametrisation): the value rows
+  of ``qkv`` and the ``proj`` weight are used as ``g·W`` with ``W`` initialised at ``1/g`` of its usual values, so
+  the layer computes the same function at initialisation while Adam moves its value path ``g`` times faster.
+  A layer with a gain saves it with its weights (``stored_gain``); loading rescales weights saved at another
+  gain (a gain-1 checkpoint, a converted softmax teacher), so state dicts move between gains.
 
 Prefix tokens (CLS/registers) are ordinary queries and keys; the landmarks, RoPE and the local
 convolution use the grid tokens only.
@@ -110,6 +115,10 @@ class LaplacianAttention(LandmarkMixer):
         conv_kernel, conv_groups: the local depthwise conv on ``V`` (default 3; 0/None disables) and its
             grouping: ``"channel"`` (default, with bias) or ``"head"`` (SOFT's per-head filter).
         rope, rope_base: 2-D axial RoPE on grid queries and keys (needs ``head_dim % 4 == 0``).
+        value_gain: the value path's parametrisation gain ``g`` (default 1: none): ``V = g·(x W_vᵀ + b_v)`` and
+            ``proj(y) = g·W_p y + b_p`` with ``W_v``, ``b_v``, ``W_p`` stored at ``1/g`` of the effective weights
+            (:meth:`init_weights` divides the initial values; the buffer ``stored_gain`` records ``g`` in state
+            dicts, and loading rescales weights stored at another gain).
         grid_remainder: with ``num_landmarks=None``, ``"error"`` (default) or ``"floor"`` when the grid
             is not divisible by the stride.
         backend: ``"auto"`` (Triton for CUDA tensors when installed, else PyTorch/C), ``"triton"`` or
@@ -161,6 +170,7 @@ class LaplacianAttention(LandmarkMixer):
         conv_init: str = "default",
         pool_ratio: Optional[int] = None,
         backend: str = "auto",
+        value_gain: float = 1.0,
         **kwargs,
     ) -> None:
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -173,6 +183,8 @@ class LaplacianAttention(LandmarkMixer):
                                grid_remainder=grid_remainder).items():
             check_choice(key, value, self._CHOICES[key])
         self._check_numbers(lam, conv_kernel, newton_iters, newton_eps, inverse, rope, mean_weight)
+        if not (isinstance(value_gain, (int, float)) and math.isfinite(value_gain) and value_gain > 0):
+            raise ValueError(f"value_gain={value_gain!r} must be a finite number > 0 (1: no gain)")
         self._init_landmarks(stride, num_landmarks, grid_remainder, conv_kernel, backend)
         self.lam = float(lam)
         self.qk_scale = self._qk_scale(qk_scale)
@@ -184,7 +196,12 @@ class LaplacianAttention(LandmarkMixer):
         if newton_alpha == "safe" or (inverse == "exact" and not self.newton_eps):
             self.padding_mask = "by_length"     # residual-checked starts / a singular empty block: per length
         self.rope, self.rope_base = bool(rope), float(rope_base)
+        self.value_gain = float(value_gain)
         self._build_layers(qkv_bias, qk_norm, proj_bias, proj_drop, norm_layer, conv_init, temperature)
+        if self.value_gain != 1.0:
+            self.init_weights()
+            self.register_buffer("stored_gain", torch.tensor(self.value_gain))
+        self._register_load_state_dict_pre_hook(_rescale_to_gain, with_module=True)
         # learnt per-head weight of the map's mean(V) term (None: the map's fixed 1; no map, no weight)
         self.mean_weight = (nn.Parameter(torch.full((self.num_heads,), float(mean_weight)))
                             if mean_weight is not None and self.normalize else None)
@@ -224,6 +241,37 @@ class LaplacianAttention(LandmarkMixer):
         self.log_tau = nn.Parameter(torch.zeros(h)) if temperature == "head" else None
         # learnt per-head exponent θ of the contrast scale N^(θ-1): 0 = "tokens", ½ = "sqrt", 1 = "none"
         self.scale_exponent = nn.Parameter(torch.zeros(h)) if self.norm_scale == "learnt" else None
+
+    def _gained(self):
+        """``(parameter, rows)`` pairs the value gain multiplies: the value rows of ``qkv`` (and its bias) and
+        ``proj``'s weight (``rows=None``: all of it)."""
+        c = self.dim
+        pairs = [(self.qkv.weight, slice(2 * c, 3 * c)), (self.proj.weight, None)]
+        return pairs + ([(self.qkv.bias, slice(2 * c, 3 * c))] if self.qkv.bias is not None else [])
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Divide the value path's initial weights by the value gain (timm's ViT init calls this after it
+        initialised ``qkv`` and ``proj``, as does :func:`vitmix.models.init_linear_and_norm`), so the layer starts
+        from the usual function; no-op at gain 1."""
+        for param, rows in self._gained() if self.value_gain != 1.0 else ():
+            (param if rows is None else param[rows]).div_(self.value_gain)
+
+    def _project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused ``qkv`` projection ``(B, N, 3C)`` with the value gain applied to the weights (a ``3C×C``
+        product, not a pass over the ``N×3C`` output)."""
+        if self.value_gain == 1.0:
+            return self.qkv(x)
+        c, g = self.dim, self.value_gain
+        w, b = self.qkv.weight, self.qkv.bias
+        w = torch.cat([w[: 2 * c], w[2 * c:] * g])
+        return F.linear(x, w, None if b is None else torch.cat([b[: 2 * c], b[2 * c:] * g]))
+
+    def _proj(self, y: torch.Tensor) -> torch.Tensor:
+        """The output projection with the value gain on its weight."""
+        if self.value_gain == 1.0:
+            return self.proj(y)
+        return F.linear(y, self.proj.weight * self.value_gain, self.proj.bias)
 
     def _local_conv(self, conv_init: str) -> nn.Conv2d:
         """The depthwise conv on ``V``: per channel with bias, or one bias-free filter per head."""
@@ -284,7 +332,7 @@ class LaplacianAttention(LandmarkMixer):
         nh, d = self.num_heads, self.head_dim
         mh, mw = self.landmark_count(h, w)
         m = mh * mw
-        y = self.qkv(x)
+        y = self._project_qkv(x)
         q, k, v = y.view(b, n, 3, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
         if self.rope or self.qk_normed or n < 8 * m:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -306,7 +354,7 @@ class LaplacianAttention(LandmarkMixer):
         per-sample segments of a padded batch, when given); RoPE on the sequence read as one row (the column
         half of the channels rotates with the position)."""
         b, n, _ = x.shape
-        y = self.qkv(x)
+        y = self._project_qkv(x)
         q, k, v = y.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
@@ -428,9 +476,9 @@ class LaplacianAttention(LandmarkMixer):
 
     def mix(self, x, grid, attn_mask=None, is_causal=False, mask=None):
         if mask is not None:
-            return self.proj_drop(self.proj(self._masked(x, grid, mask)))
+            return self.proj_drop(self._proj(self._masked(x, grid, mask)))
         fused = self._fused(x, grid)
-        return self.proj_drop(self.proj(fused if fused is not None else self._composed(x, grid)))
+        return self.proj_drop(self._proj(fused if fused is not None else self._composed(x, grid)))
 
     def _masked(self, x: torch.Tensor, grid, mask: torch.Tensor) -> torch.Tensor:
         """:meth:`_composed` on a padded 1-D batch: each sample's own segment means, padded keys and empty
@@ -458,6 +506,31 @@ class LaplacianAttention(LandmarkMixer):
     def _kernel_weights(self, x, grid, values):
         q, k, _, lq, lk, _ = self._project(x, grid)
         return self._attend(q, k, values.to(q.dtype), lq, lk)
+
+
+def _rescale_to_gain(layer, state, prefix, *_):
+    """Load pre-hook: value weights saved at gain ``g'`` (``stored_gain``, absent: 1) become this layer's
+    ``W·g'/g``, in new tensors (``state`` is ``load_state_dict``'s own copy of the caller's dict; the caller's
+    tensors are not touched); the saved gain is replaced by this layer's (or dropped at gain 1)."""
+    key = prefix + "stored_gain"
+    saved = float(state[key]) if key in state else 1.0
+    if layer.value_gain == 1.0:
+        state.pop(key, None)
+    else:
+        state[key] = torch.tensor(layer.value_gain)
+    if saved == layer.value_gain:
+        return
+    for name, rows in _gained_keys(layer, prefix):
+        if name in state:
+            value = state[name].clone()
+            (value if rows is None else value[rows]).mul_(saved / layer.value_gain)
+            state[name] = value
+
+
+def _gained_keys(layer, prefix):
+    c = layer.dim
+    keys = [(prefix + "qkv.weight", slice(2 * c, 3 * c)), (prefix + "proj.weight", None)]
+    return keys + ([(prefix + "qkv.bias", slice(2 * c, 3 * c))] if layer.qkv.bias is not None else [])
 
 
 __all__ = ["LaplacianAttention", "rope_2d"]

@@ -8,6 +8,7 @@ from timm.models import clean_state_dict
 from torch import nn
 
 from ..mixers import timm_attn
+from ..mixers.base import TokenMixer
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -54,3 +55,6 @@ def init_linear_and_norm(model: nn.Module) -> None:
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
+    for m in model.modules():       # mixers that rescale their fresh linears (timm's ViT init calls this too)
+        if isinstance(m, TokenMixer) and hasattr(m, "init_weights"):
+            m.init_weights()

@@ -35,7 +35,7 @@ def mix(layer, x: torch.Tensor, grid) -> Optional[torch.Tensor]:
     run = autograd.laplacian_mix_train if train else library.laplacian_mix
     mean_weight = layer.mean_weight if train or layer.mean_weight is None else layer.mean_weight.detach()
     return run(
-        layer.qkv(x), None if conv is None else conv.weight, None if conv is None else conv.bias, grid=grid,
+        layer._project_qkv(x), None if conv is None else conv.weight, None if conv is None else conv.bias, grid=grid,
         heads=layer.num_heads, landmarks=layer.landmark_count(h, w), lam=layer.lam / layer.qk_scale,
         eps=layer.newton_eps, iters=layer.newton_iters, alpha=layer.newton_alpha, norm_eps=layer.norm_eps,
         contrast=layer._contrast(n), mean_weight=mean_weight)
