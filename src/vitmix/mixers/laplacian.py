@@ -242,19 +242,13 @@ class LaplacianAttention(LandmarkMixer):
         # learnt per-head exponent θ of the contrast scale N^(θ-1): 0 = "tokens", ½ = "sqrt", 1 = "none"
         self.scale_exponent = nn.Parameter(torch.zeros(h)) if self.norm_scale == "learnt" else None
 
-    def _gained(self):
-        """``(parameter, rows)`` pairs the value gain multiplies: the value rows of ``qkv`` (and its bias) and
-        ``proj``'s weight (``rows=None``: all of it)."""
-        c = self.dim
-        pairs = [(self.qkv.weight, slice(2 * c, 3 * c)), (self.proj.weight, None)]
-        return pairs + ([(self.qkv.bias, slice(2 * c, 3 * c))] if self.qkv.bias is not None else [])
-
     @torch.no_grad()
     def init_weights(self) -> None:
         """Divide the value path's initial weights by the value gain (timm's ViT init calls this after it
         initialised ``qkv`` and ``proj``, as does :func:`vitmix.models.init_linear_and_norm`), so the layer starts
         from the usual function; no-op at gain 1."""
-        for param, rows in self._gained() if self.value_gain != 1.0 else ():
+        for name, rows in _gained(self) if self.value_gain != 1.0 else ():
+            param = self.get_parameter(name)
             (param if rows is None else param[rows]).div_(self.value_gain)
 
     def _project_qkv(self, x: torch.Tensor) -> torch.Tensor:
@@ -520,17 +514,18 @@ def _rescale_to_gain(layer, state, prefix, *_):
         state[key] = torch.tensor(layer.value_gain)
     if saved == layer.value_gain:
         return
-    for name, rows in _gained_keys(layer, prefix):
-        if name in state:
-            value = state[name].clone()
+    for name, rows in _gained(layer):
+        if prefix + name in state:
+            value = state[prefix + name].clone()
             (value if rows is None else value[rows]).mul_(saved / layer.value_gain)
-            state[name] = value
+            state[prefix + name] = value
 
 
-def _gained_keys(layer, prefix):
-    c = layer.dim
-    keys = [(prefix + "qkv.weight", slice(2 * c, 3 * c)), (prefix + "proj.weight", None)]
-    return keys + ([(prefix + "qkv.bias", slice(2 * c, 3 * c))] if layer.qkv.bias is not None else [])
+def _gained(layer):
+    """``(parameter name, rows)`` the value gain multiplies: the value rows of ``qkv`` (and of its bias) and all of
+    ``proj``'s weight (``rows=None``)."""
+    rows = slice(2 * layer.dim, 3 * layer.dim)
+    return [("qkv.weight", rows), ("proj.weight", None)] + ([("qkv.bias", rows)] if layer.qkv.bias is not None else [])
 
 
 __all__ = ["LaplacianAttention", "rope_2d"]
