@@ -69,6 +69,7 @@ VISIBLE = [
     # which the formula does not count
     ("laplacian", {"newton_alpha": "safe", "newton_iters": 20}),
     ("laplacian", {"num_landmarks": 25}),   # N < 8m: q and k pooled
+    ("laplacian", {"landmarks": "conv"}), ("laplacian", {"landmarks": "conv", "num_landmarks": (5, 4)}),
     ("fibottention", {"mode": "masked"}),
     ("fibottention", {"mode": "official"}),
     ("linear", {}), ("performer", {}), ("performer", {"num_features": 17}),

@@ -30,14 +30,24 @@ def laplacian_reference(layer, x, prefix, H, W, inverse="newton"):
     q, k, v = F.linear(x, layer.qkv.weight * gain[:, None], bias).reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4)
     if layer.rope:
         q, k = rope_2d(q, prefix, H, W, layer.rope_base), rope_2d(k, prefix, H, W, layer.rope_base)
-    q, k = q * layer.qk_scale, k * layer.qk_scale
 
-    def pool(t):
+    def pool(t, learnt):
         g = t[:, :, prefix:].reshape(b * h, H, W, d).permute(0, 3, 1, 2)
-        g = F.adaptive_avg_pool2d(g, layer.landmark_count(H, W))
-        return g.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
+        (mh, mw), s = layer.landmark_count(H, W), layer.landmark_stride
+        if layer._floors_a_remainder(H, W):             # official floor mode: the border remainder left out
+            g = g[..., : mh * s, : mw * s]
+        if layer.landmarks == "avgpool":
+            g = F.adaptive_avg_pool2d(g, (mh, mw))
+        else:   # SOFT's module on (mh·s, mw·s) windows: s×s stride-s conv, then LayerNorm and GELU
+            g = F.conv2d(F.adaptive_avg_pool2d(g, (mh * s, mw * s)), learnt.conv.weight, stride=s)
+        t = g.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
+        if layer.landmarks == "conv":
+            t = F.gelu(F.layer_norm(t, (d,), learnt.norm.weight, learnt.norm.bias))
+        return t * layer.qk_scale
 
-    qt, kt = pool(q), pool(k)
+    learnt = layer.landmarks == "conv"
+    qt, kt = pool(q, learnt and layer.q_landmarks), pool(k, learnt and layer.k_landmarks)
+    q, k = q * layer.qk_scale, k * layer.qk_scale
     wm = _lap(qt, kt, layer.lam)
     if inverse == "exact":
         M = torch.linalg.inv(wm + layer.newton_eps * torch.eye(wm.shape[-1], dtype=wm.dtype))
@@ -89,6 +99,9 @@ CASES = [  # (batch, prefix, H, W, options)
     (1, 1, 4, 4, {"landmark_stride": 1, "conv_kernel": 5}),
     (2, 1, 5, 7, {"mean_weight": None}),    # the fixed map (default: a learnt weight per head, perturbed by _make)
     (2, 1, 6, 5, {"value_gain": 3.0}),      # the value path's parametrisation gain
+    (2, 1, 6, 8, {"landmarks": "conv"}),    # SOFT's learnt landmark module on q and on k
+    (1, 0, 7, 5, {"landmarks": "conv", "num_landmarks": (3, 2), "landmark_stride": 2}),   # windows pooled to 6×4
+    (2, 1, 8, 8, {"landmarks": "conv", "landmark_stride": 4, "value_gain": 2.0}),       # N >= 8m: q, k convolved
 ]
 
 
@@ -122,7 +135,7 @@ def test_inference_in_one_c_call_matches_dense_reference(c_calls, batch, prefix,
     x = torch.randn(batch, prefix + H * W, 48, dtype=torch.float64)
     with torch.no_grad():
         out = layer(x, hw=(H, W), num_prefix_tokens=prefix)
-    covered = opts.get("normalize", True) and not opts.get("rope", False)
+    covered = opts.get("normalize", True) and not opts.get("rope", False) and opts.get("landmarks") != "conv"
     assert c_calls["layer"] == int(covered)
     torch.testing.assert_close(out, laplacian_reference(layer, x, prefix, H, W), rtol=1e-8, atol=1e-9)
 
@@ -217,6 +230,25 @@ def test_structure_and_defaults():
     assert not hasattr(mixers.create("laplacian", 128, 4, conv_kernel=0), "conv")
     normed = mixers.create("laplacian", 128, 4, qk_norm=True)
     assert isinstance(normed.q_norm, torch.nn.LayerNorm) and normed.q_norm.normalized_shape == (32,)
+    assert layer.landmarks == "avgpool" and not hasattr(layer, "q_landmarks")   # pooled landmarks by default
+    learnt = mixers.create("laplacian", 128, 4, landmarks="conv", landmark_stride=4)
+    for module in (learnt.q_landmarks, learnt.k_landmarks):     # SOFT's module, one for q and one for k
+        assert module.conv.weight.shape == (32, 32, 4, 4) and module.conv.bias is None
+        assert module.norm.normalized_shape == (32,)
+
+
+def test_learnt_landmarks_start_as_pooling_when_converted_from_softmax():
+    """``vitmix.convert`` starts the landmark convs as r×r average pooling: the landmarks are then LayerNorm and
+    GELU of the pooled q and k (the two have no neutral setting), whatever the conv's random initialisation was."""
+    from timm.models.vision_transformer import Attention
+
+    layer = mixers.create("laplacian", 48, 3, qkv_bias=True, landmarks="conv").double()
+    layer.load_attention(Attention(48, 3, qkv_bias=True).double().state_dict())
+    t = torch.randn(2, 3, 1 + 36, 16, dtype=torch.float64)
+    pooled = F.avg_pool2d(t[:, :, 1:].reshape(6, 6, 6, 16).permute(0, 3, 1, 2), 2).flatten(2).transpose(1, 2)
+    want = F.gelu(F.layer_norm(pooled.reshape(2, 3, 9, 16), (16,)))
+    for module in (layer.q_landmarks, layer.k_landmarks):
+        torch.testing.assert_close(module(t, (1, 6, 6), (3, 3)), want, rtol=1e-12, atol=1e-12)
 
 
 def test_qk_norm_matches_reference_with_normed_inputs():
@@ -298,6 +330,8 @@ def test_rope_of_float64_tokens_rotates_by_float64_angles():
 
 
 def test_bad_input_errors():
+    with pytest.raises(ValueError, match="landmarks"):
+        mixers.create("laplacian", 48, 3, landmarks="learnt")
     layer = mixers.create("laplacian", 48, 3, num_landmarks=None)   # stride-only landmarks
     with pytest.raises(ValueError, match="not divisible by landmark_stride=2"):
         layer(torch.randn(1, 1 + 7 * 8, 48), hw=(7, 8))
@@ -325,10 +359,12 @@ def test_bad_input_errors():
             mixers.create("laplacian", 48, 3, value_gain=bad)
 
 
-def test_floor_mode_matches_reference_on_the_trimmed_landmarks():
-    layer = _make(grid_remainder="floor")
+@pytest.mark.parametrize("landmarks", ["avgpool", "conv"])
+def test_floor_mode_matches_reference_on_the_trimmed_landmarks(landmarks):
+    layer = _make(grid_remainder="floor", num_landmarks=None, landmarks=landmarks)
     x = torch.randn(1, 7 * 5, 48, dtype=torch.float64)
     out = layer(x, hw=(7, 5))
+    assert layer.landmark_count(7, 5) == (3, 2)
     torch.testing.assert_close(out, laplacian_reference(layer, x, 0, 7, 5), rtol=1e-8, atol=1e-9)
 
 

@@ -96,6 +96,7 @@ LANDMARK_VARIANTS = [
     ("soft_norm", dict(preset="official"), "by_length"),             # the legacy inverse's batch-global α
     ("laplacian", dict(rope=True, conv_groups="head", num_landmarks=4), "masked"),
     ("laplacian", dict(normalize=False), "masked"),
+    ("laplacian", dict(landmarks="conv", num_landmarks=4), "masked"),     # learnt landmarks of segment means
     ("laplacian", dict(norm_scale="learnt", temperature="head", mean_weight=None), "masked"),
     ("laplacian", dict(norm_scale="sqrt", newton_alpha="official", qk_norm=True), "masked"),
     ("laplacian", dict(newton_alpha="safe"), "by_length"),          # residual-checked starts
@@ -275,7 +276,8 @@ def test_attention_maps_of_a_1d_sequence(name):
 
 
 SEQUENCE_FLOPS = [("soft", {}), ("soft", {"landmarks": "avgpool"}), ("soft_norm", {"num_landmarks": 16}),
-                  ("laplacian", {}), ("laplacian", {"rope": True, "conv_groups": "head"})]
+                  ("laplacian", {}), ("laplacian", {"rope": True, "conv_groups": "head"}),
+                  ("laplacian", {"landmarks": "conv"})]
 
 
 @pytest.mark.parametrize("name,options", SEQUENCE_FLOPS, ids=[f"{n}-{o}" for n, o in SEQUENCE_FLOPS])

@@ -23,13 +23,15 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import ops
 from ..ops._common import compute_dtype, no_autocast
 from ..ops._triton import check_backend
 from .base import TokenMixer
-from .grid import DEFAULT_LANDMARK_GRID, LandmarkCount, landmark_grid, landmark_shape
+from .grid import (DEFAULT_LANDMARK_GRID, LandmarkCount, adaptive_pool, grid_channels_first, landmark_grid,
+                   landmark_shape, tokens_from_channels_first)
 from .sequence import segment_pooling
 
 
@@ -38,6 +40,49 @@ def check_conv_kernel(conv_kernel: Optional[int]) -> int:
     if conv_kernel and (int(conv_kernel) < 1 or int(conv_kernel) % 2 == 0):
         raise ValueError(f"conv_kernel={conv_kernel} must be a positive odd size (3, 5, 9) or 0 to disable")
     return int(conv_kernel or 0)
+
+
+class LearntLandmarks(nn.Module):
+    """SOFT's learnt landmark module for one head-split input: an ``s×s`` stride-``s`` convolution of the
+    ``d`` channels, shared by the heads and without bias, then ``LayerNorm(d)`` and exact GELU. SOFT applies
+    it to its queries (its keys are its queries); LaplacianFormer's ``landmarks="conv"`` has one for ``q``
+    and one for ``k``."""
+
+    def __init__(self, head_dim: int, stride: int) -> None:
+        super().__init__()
+        self.stride = int(stride)
+        self.conv = nn.Conv2d(head_dim, head_dim, kernel_size=stride, stride=stride, bias=False)
+        self.norm = nn.LayerNorm(head_dim)
+        self.act = nn.GELU()
+
+    def forward(self, t: torch.Tensor, grid, count: Tuple[int, int], floor: bool = False) -> torch.Tensor:
+        """Landmarks ``(B, heads, mh*mw, d)`` of the grid tokens of ``t (B, heads, N, d)``; ``grid`` is
+        ``(prefix, H, W)`` and ``count`` the landmark grid ``(mh, mw)``. A grid the stride does not tile into
+        ``count`` is first pooled adaptively to ``(mh*s, mw*s)``, unless ``floor`` (the conv then leaves the
+        border remainder out, as SOFT's official stride-only landmarks do)."""
+        prefix, h, w = grid
+        (mh, mw), s = count, self.stride
+        g = grid_channels_first(t, prefix, h, w)
+        if not floor and (mh * s, mw * s) != (h, w):
+            g = adaptive_pool(g, (mh * s, mw * s))
+        return self.act(self.norm(tokens_from_channels_first(self.conv(g), t.shape[0], t.shape[1])))
+
+    def from_means(self, means: torch.Tensor) -> torch.Tensor:
+        """Landmarks from segment means ``(..., m, d)`` of a 1-D sequence: the conv of a block that holds the
+        mean everywhere (its summed taps), then LayerNorm and GELU."""
+        return self.act(self.norm(means @ self.conv.weight.sum((2, 3)).T))
+
+    @torch.no_grad()
+    def start_as_pooling(self) -> None:
+        """Set the conv to ``s×s`` average pooling (a layer converted from softmax attention starts from the
+        pooled landmarks; the LayerNorm and GELU have no neutral setting)."""
+        d, s = self.conv.in_channels, self.stride
+        self.conv.weight.copy_(torch.eye(d).view(d, d, 1, 1).expand(d, d, s, s) / (s * s))
+
+    def flops(self, m: int, sequence: bool = False) -> int:
+        """Multiply-adds ×2 of the conv for ``m`` landmarks of one head (on a sequence: one product)."""
+        d = self.conv.in_channels
+        return 2 * m * d * d * (1 if sequence else self.stride ** 2)
 
 
 class LandmarkMixer(TokenMixer):

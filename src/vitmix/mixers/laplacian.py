@@ -13,7 +13,8 @@ documented in ``docs/soft-laplacianformer.md``:
 * **separate** ``Q`` and ``K`` projections (one fused ``qkv`` linear, as timm);
 * **landmarks** by average pooling ``r×r`` with stride ``r`` (``landmark_stride``) of the grid queries and
   keys, at most 7×7 = 49 of them by default (adaptive pooling: O(N) at any resolution), fewer on small
-  grids where 49 would cost more than exact attention;
+  grids where 49 would cost more than exact attention; ``landmarks="conv"`` learns them instead with
+  SOFT's landmark module (stride-``r`` conv, LayerNorm, GELU; not in the paper), one for ``q`` and one for ``k``;
 * ``Ĝ = K(Q, K̃) · NS(K(Q̃, K̃)) · K(Q̃, K)`` evaluated right to left; the landmark matrix is not
   symmetric, so Newton–Schulz starts from ``α·Pᵀ`` (never diverges; ``newton_alpha="safe"`` gives the
   faster-converging start of :func:`vitmix.ops.newton_schulz_inverse`);
@@ -49,7 +50,7 @@ from torch import nn
 
 from .. import ops
 from .grid import adaptive_pool, LandmarkCount, grid_channels_first, head_conv, merge_heads, tokens_from_channels_first
-from .landmark import LandmarkMixer, check_conv_kernel, masked_nystrom
+from .landmark import LandmarkMixer, LearntLandmarks, check_conv_kernel, masked_nystrom
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .flops import landmark_total, linear_flops, linears_flops, local_conv_flops, nystrom_flops, segment_flops
 from .registry import register_mixer
@@ -90,6 +91,9 @@ class LaplacianAttention(LandmarkMixer):
             or LayerNorm on each head's ``q`` and ``k``).
         landmark_stride: landmark pooling window ``r`` on the grid (default 2; ``pool_ratio``: its
             deprecated name).
+        landmarks: ``"avgpool"`` (default: ``r×r`` average pooling of ``q`` and ``k``) or ``"conv"``: SOFT's
+            learnt landmark module (:class:`~vitmix.mixers.landmark.LearntLandmarks`: ``r×r`` stride-``r``
+            conv shared by the heads, LayerNorm, GELU), one for ``q`` and one for ``k``.
         num_landmarks: ``"auto"`` (default): one landmark per ``r×r`` block, at most 7×7, and on small
             grids no more than keeps the layer within exact attention's FLOPs, but not below 4×4
             (:meth:`~vitmix.mixers.landmark.LandmarkMixer.landmark_count`); a perfect square or
@@ -142,6 +146,7 @@ class LaplacianAttention(LandmarkMixer):
         "temperature": ("none", "head"),
         "conv_init": ("default", "zero"),
         "grid_remainder": ("error", "floor"),
+        "landmarks": ("avgpool", "conv"),
     }
 
     def __init__(
@@ -151,6 +156,7 @@ class LaplacianAttention(LandmarkMixer):
         *args,
         landmark_stride: Optional[int] = None,
         num_landmarks: LandmarkCount = "auto",
+        landmarks: str = "avgpool",
         lam: float = 4.0,
         qk_scale: Optional[float] = None,
         normalize: bool = True,
@@ -180,12 +186,13 @@ class LaplacianAttention(LandmarkMixer):
         stride = stride_option(name, landmark_stride, {"pool_ratio": pool_ratio}, default=2)
         for key, value in dict(inverse=inverse, newton_alpha=newton_alpha, conv_groups=conv_groups,
                                norm_scale=norm_scale, temperature=temperature, conv_init=conv_init,
-                               grid_remainder=grid_remainder).items():
+                               grid_remainder=grid_remainder, landmarks=landmarks).items():
             check_choice(key, value, self._CHOICES[key])
         self._check_numbers(lam, conv_kernel, newton_iters, newton_eps, inverse, rope, mean_weight)
         if not (isinstance(value_gain, (int, float)) and math.isfinite(value_gain) and value_gain > 0):
             raise ValueError(f"value_gain={value_gain!r} must be a finite number > 0 (1: no gain)")
         self._init_landmarks(stride, num_landmarks, grid_remainder, conv_kernel, backend)
+        self.landmarks = landmarks
         self.lam = float(lam)
         self.qk_scale = self._qk_scale(qk_scale)
         self.qk_normed = bool(qk_norm)
@@ -238,6 +245,9 @@ class LaplacianAttention(LandmarkMixer):
             self.conv = self._local_conv(conv_init)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
+        if self.landmarks == "conv":      # SOFT's learnt landmark module, one for q and one for k
+            self.q_landmarks = LearntLandmarks(d, self.landmark_stride)
+            self.k_landmarks = LearntLandmarks(d, self.landmark_stride)
         self.log_tau = nn.Parameter(torch.zeros(h)) if temperature == "head" else None
         # learnt per-head exponent θ of the contrast scale N^(θ-1): 0 = "tokens", ½ = "sqrt", 1 = "none"
         self.scale_exponent = nn.Parameter(torch.zeros(h)) if self.norm_scale == "learnt" else None
@@ -286,7 +296,8 @@ class LaplacianAttention(LandmarkMixer):
         return dict(landmark_stride=stride, newton_iters=newton_iters)
 
     def extra_repr(self) -> str:
-        return (f"heads={self.num_heads}, head_dim={self.head_dim}, {self._landmark_repr()}, lam={self.lam}, "
+        return (f"heads={self.num_heads}, head_dim={self.head_dim}, landmarks={self.landmarks!r}, "
+                f"{self._landmark_repr()}, lam={self.lam}, "
                 f"qk_scale={self.qk_scale:.4g}, normalize={self.normalize}, rope={self.rope}")
 
     # -- pieces --------------------------------------------------------------------------------
@@ -308,9 +319,12 @@ class LaplacianAttention(LandmarkMixer):
         mh, mw = self.landmark_count(h, w)
         return not self._floors_a_remainder(h, w) and prefix + h * w < 8 * mh * mw
 
-    def _pool(self, t: torch.Tensor, grid) -> torch.Tensor:
-        """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``."""
+    def _pool(self, t: torch.Tensor, grid, learnt: Optional[LearntLandmarks] = None) -> torch.Tensor:
+        """Landmarks ``(B, heads, m, d)`` of per-head tokens ``t (B, heads, N, d)``: pooled, or by ``learnt``
+        (``landmarks="conv"``)."""
         prefix, h, w = grid
+        if learnt is not None:
+            return learnt(t, grid, self.landmark_count(h, w), floor=self._floors_a_remainder(h, w))
         if self._pools_by_product(grid):
             return ops.avg_pool_landmarks(t, (h, w), self.landmark_count(h, w), prefix=prefix)
         g = self._pool_map(grid_channels_first(t, prefix, h, w))
@@ -328,11 +342,13 @@ class LaplacianAttention(LandmarkMixer):
         m = mh * mw
         y = self._project_qkv(x)
         q, k, v = y.view(b, n, 3, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
-        if self.rope or self.qk_normed or n < 8 * m:
+        if not self._pools_input(n, m):
             q, k = self.q_norm(q), self.k_norm(k)
             if self.rope:
                 q, k = rope_2d(q, prefix, h, w, self.rope_base), rope_2d(k, prefix, h, w, self.rope_base)
-            return q, k, v, self._pool(q, grid), self._pool(k, grid), y
+            learnt = self.landmarks == "conv"
+            return (q, k, v, self._pool(q, grid, self.q_landmarks if learnt else None),
+                    self._pool(k, grid, self.k_landmarks if learnt else None), y)
         # average pooling commutes with the affine projection: pool the C-channel input once and
         # project the m pooled tokens (no pooling of q and k, no copies of them). Only when
         # N >= 8m, where the extra m·C·2C multiply-adds are cheaper than pooling q and k.
@@ -342,6 +358,11 @@ class LaplacianAttention(LandmarkMixer):
         lm = F.linear(xl, self.qkv.weight[: 2 * c], bias)
         lq, lk = lm.view(b, -1, 2, nh, d).permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v, lq, lk, y
+
+    def _pools_input(self, n: int, m: int) -> bool:
+        """Whether the pooled landmarks are the pooled input projected (pooling commutes with the affine
+        ``qkv``): average-pooled landmarks of plain ``q`` and ``k`` (no RoPE or q/k norm) with ``N >= 8m``."""
+        return self.landmarks == "avgpool" and not (self.rope or self.qk_normed) and n >= 8 * m
 
     def _project_sequence(self, x: torch.Tensor, grid, pool: Optional[torch.Tensor] = None):
         """:meth:`_project` on a 1-D sequence: landmarks by segment means of ``q`` and ``k`` (by ``pool``, the
@@ -354,9 +375,13 @@ class LaplacianAttention(LandmarkMixer):
         if self.rope:
             q, k = (rope_2d(t, *as_row(grid), self.rope_base) for t in (q, k))
         if pool is not None:
-            return q, k, v, pool.to(q.dtype) @ q, pool.to(k.dtype) @ k, y
-        m = self.sequence_landmarks(grid.length)
-        return q, k, v, segment_means(q, grid, m), segment_means(k, grid, m), y
+            lq, lk = pool.to(q.dtype) @ q, pool.to(k.dtype) @ k
+        else:
+            m = self.sequence_landmarks(grid.length)
+            lq, lk = segment_means(q, grid, m), segment_means(k, grid, m)
+        if self.landmarks == "conv":
+            lq, lk = self.q_landmarks.from_means(lq), self.k_landmarks.from_means(lk)
+        return q, k, v, lq, lk, y
 
     def _attend(self, q, k, v, lq, lk):
         n = v.shape[-2]
@@ -412,6 +437,15 @@ class LaplacianAttention(LandmarkMixer):
         """The fixed factor of the map's whitened part at ``n`` tokens (``norm_scale``)."""
         return {"none": 1.0, "tokens": 1.0 / n, "sqrt": n ** -0.5}[self.norm_scale]
 
+    @torch.no_grad()
+    def load_attention(self, state: dict) -> None:
+        """From a trained softmax layer (``vitmix.convert``): its ``qkv`` and ``proj`` under the same names, the
+        local conv at zero, and learnt landmark convs (``landmarks="conv"``) starting as ``r×r`` average pooling."""
+        super().load_attention(state)
+        if self.landmarks == "conv":
+            self.q_landmarks.start_as_pooling()
+            self.k_landmarks.start_as_pooling()
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """A checkpoint without ``mean_weight`` was saved with the fixed map (``mean_weight=None``, the
         default before 0.0): it loads as a learnt weight of 1, which gives the same outputs."""
@@ -439,13 +473,17 @@ class LaplacianAttention(LandmarkMixer):
         total = linears_flops(self, batch * n)  # qkv, proj
         grid = self.token_grid(n)
         if is_sequence(grid):       # q and k reduced to segment means by the pooling matrix
+            if self.landmarks == "conv":
+                total += batch * h * 2 * self.q_landmarks.flops(m, sequence=True)
             return (total + batch * h * (self.landmark_flops(n, m) + segment_flops(self, n, m, pooled=2))
                     + local_conv_flops(self, batch, n))
-        if not (getattr(self, "rope", False) or self.qk_normed) and n >= 8 * m:
+        if self._pools_input(n, m):
             # landmarks: the pooled input projected by the q/k rows of qkv (pooling commutes with it);
             # done only when N >= 8m, otherwise q and k are pooled (no FLOPs)
             total += linear_flops(batch * m, self.dim, 2 * self.dim)
-        if (getattr(self, "rope", False) or self.qk_normed or n < 8 * m) and self._pools_by_product(grid):
+        elif self.landmarks == "conv":
+            total += batch * h * 2 * self.q_landmarks.flops(m)                      # the q and k landmark convs
+        elif self._pools_by_product(grid):
             total += batch * h * 2 * (2 * m * grid[1] * grid[2] * self.head_dim)    # q and k by the pooling matrix
         total += batch * h * self.landmark_flops(n, m)
         return total + local_conv_flops(self, batch, n)

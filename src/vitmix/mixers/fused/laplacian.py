@@ -12,11 +12,12 @@ from . import autograd, library
 def supports(layer, x: torch.Tensor, grid) -> bool:
     """Whether the C path computes this forward of ``layer`` exactly as its composed path does: an eager CPU
     float32/float64 forward (the layer's ``_eager_cpu``), the injective map with a fixed contrast scale, no
-    learnt temperature, RoPE or q/k norm, the Newton–Schulz inverse with a start the C solve has (not the
+    learnt temperature or landmarks, RoPE or q/k norm, the Newton–Schulz inverse with a start the C solve has (not the
     Cholesky-tested ``"safe"``), a per-channel local conv, landmark windows that adaptive pooling reproduces,
     and at most :data:`~vitmix.mixers.fused.library.MAX_LANDMARKS` landmarks; an image grid (the C path has no
     1-D form)."""
-    if (not layer._eager_cpu(x) or is_sequence(grid) or not layer.normalize or layer.norm_scale == "learnt"
+    if (not layer._eager_cpu(x) or is_sequence(grid) or layer.landmarks != "avgpool" or not layer.normalize
+            or layer.norm_scale == "learnt"
             or layer.log_tau is not None or layer.rope or layer.qk_normed
             or layer.inverse != "newton"
             or layer.newton_alpha == "safe" or (layer.conv_kernel and layer.conv_groups != "channel")
