@@ -204,7 +204,8 @@ def shape_label(cfg: TrainConfig) -> str:
 
 
 def budget_label(cfg: TrainConfig) -> str:
-    return f"{cfg.epochs} ep × {cfg.train_subset or 'all'} img"
+    """Epochs × images, and the recipe's batch and learning rate (the grid has a recipe axis)."""
+    return f"{cfg.epochs} ep × {cfg.train_subset or 'all'} img, batch {cfg.batch_size}, lr {cfg.lr:g}"
 
 
 def committed_finals(out: Path, forget=()) -> dict:
@@ -307,7 +308,8 @@ def grid_plot(rows, path: Path) -> None:
                 ys.append(r["mean"])
                 es.append(r["std"] or 0.0)
         ax.errorbar(xs, ys, yerr=es, fmt="o", capsize=3, label=label)
-    ax.set_xticks(range(len(points)), [f"{s}\n{b}" for s, b in points], fontsize=8)
+    ticks = ["\n".join([shape, *budget.split(", ", 1)]) for shape, budget in points]   # budget, then its recipe
+    ax.set_xticks(range(len(points)), ticks, fontsize=8)
     ax.set(ylabel="final validation accuracy (%)", title="learning grid (mean ± std over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
