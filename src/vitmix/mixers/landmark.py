@@ -42,6 +42,12 @@ def check_conv_kernel(conv_kernel: Optional[int]) -> int:
     return int(conv_kernel or 0)
 
 
+def average_pooling_weight(d: int, s: int) -> torch.Tensor:
+    """The ``(d, d, s, s)`` weight of a ``d``-channel ``s×s`` stride-``s`` conv that is ``s×s`` average pooling (a
+    learnt landmark conv converted from softmax attention starts there)."""
+    return torch.eye(d).view(d, d, 1, 1).expand(d, d, s, s) / (s * s)
+
+
 class LearntLandmarks(nn.Module):
     """SOFT's learnt landmark module for one head-split input: an ``s×s`` stride-``s`` convolution of the
     ``d`` channels, shared by the heads and without bias, then ``LayerNorm(d)`` and exact GELU. SOFT applies
@@ -76,8 +82,7 @@ class LearntLandmarks(nn.Module):
     def start_as_pooling(self) -> None:
         """Set the conv to ``s×s`` average pooling (a layer converted from softmax attention starts from the
         pooled landmarks; the LayerNorm and GELU have no neutral setting)."""
-        d, s = self.conv.in_channels, self.stride
-        self.conv.weight.copy_(torch.eye(d).view(d, d, 1, 1).expand(d, d, s, s) / (s * s))
+        self.conv.weight.copy_(average_pooling_weight(self.conv.in_channels, self.stride))
 
     def flops(self, m: int, sequence: bool = False) -> int:
         """Multiply-adds ×2 of the conv for ``m`` landmarks of one head (on a sequence: one product)."""

@@ -44,7 +44,7 @@ from .grid import (
     adaptive_pool,
     LandmarkCount, add_to_grid, grid_channels_first, head_conv, merge_heads, split_heads, tokens_from_channels_first,
 )
-from .landmark import LandmarkMixer, check_conv_kernel, masked_nystrom
+from .landmark import LandmarkMixer, average_pooling_weight, check_conv_kernel, masked_nystrom
 from .options import check_choice, check_newton, reject_unsupported, stride_option
 from .presets import DEFAULT_PRESET, FROM_PRESET, resolve_preset
 from .flops import landmark_total, linears_flops, local_conv_flops, nystrom_flops, segment_flops
@@ -234,9 +234,7 @@ class SoftAttention(LandmarkMixer):
             weights.update({f"{layer}.{p}": state[f"qkv.{p}"][rows] for p in ("weight", "bias") if f"qkv.{p}" in state})
         self._take_weights(weights)
         if self.landmarks == "conv":
-            d, s = self.head_dim, self.landmark_stride
-            pool = torch.eye(d).view(d, d, 1, 1).expand(d, d, s, s) / (s * s)
-            self.Qlandmark_op.weight.copy_(pool)
+            self.Qlandmark_op.weight.copy_(average_pooling_weight(self.head_dim, self.landmark_stride))
         self._zero_additive_terms()
 
     def extra_repr(self) -> str:
