@@ -90,7 +90,8 @@ def tiny_run(data, mixer: str, seed: int, run: dict, options: dict) -> float:
         return (model(x[val]).argmax(-1) == y[val]).float().mean().item() * 100
 
 
-def main(argv=None) -> None:
+def main(argv=None, script: str = "experiments/learning/tiny_problem.py") -> None:
+    """Runs the specs; ``script`` is the command the results name (a wrapper registering more mixers passes its own)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("specs", nargs="+", help="LABEL=MIXER[:KEY=VALUE,...] (see the module docstring)")
     ap.add_argument("--seeds", default="0,1,2,3,4,5", help="comma-separated seeds (default: the guard's six)")
@@ -109,7 +110,7 @@ def main(argv=None) -> None:
     rows = [[label, r["mixer"], json.dumps({**r["run"], **r["options"]}), f"{statistics.fmean(r['top1']):.1f}"
              + (f" ± {statistics.stdev(r['top1']):.1f}" if len(r["top1"]) > 1 else ""),
              ", ".join(f"{a:.1f}" for a in r["top1"])] for label, r in results.items()]
-    (args.out / "results.md").write_text("# The tiny problem\n\nCommand: `python experiments/learning/tiny_problem.py "
+    (args.out / "results.md").write_text(f"# The tiny problem\n\nCommand: `python {script} "
                                          + " ".join(f'"{s}"' for s in args.specs) + f" --seeds {args.seeds}`\n\n"
                                          + markdown_table(["spec", "mixer", "settings", "top-1 % (mean ± std)",
                                                            "per seed"], rows) + "\n")
