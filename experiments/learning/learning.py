@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -242,6 +243,14 @@ def grid_table(points, run_root: Path, committed=None) -> list:
     return list(rows.values())
 
 
+def difference_se(a: dict, b: dict):
+    """Standard error of the difference of two rows' means, ``√(s_a²/n_a + s_b²/n_b)`` (the seeds of the two
+    entries as independent samples); ``None`` unless both have two or more seeds."""
+    if a["n"] < 2 or b["n"] < 2:
+        return None
+    return math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+
+
 def grid_goals(rows) -> list:
     """Per point and goal: both means, the margin, and whether it holds (None: not measured yet)."""
     out = []
@@ -255,6 +264,7 @@ def grid_goals(rows) -> list:
             margin = a["mean"] - b["mean"] if measured else None
             out.append({"config": config, "shape": a["shape"], "budget": a["budget"],
                         "goal": f"{entry} ≥ {ref}" + (f" − {slack}" if slack else ""), "margin": margin,
+                        "se": difference_se(a, b),
                         "holds": (margin >= -slack) if measured else None,
                         "complete": a["n"] == a["planned"] and b["n"] == b["planned"]})
     return out
@@ -272,7 +282,12 @@ def grid_report(rows, goals, spec_path: Path, env: dict, cmd: str) -> str:
     cells = [[r["shape"], r["budget"], r["entry"], pm(r), f"{r['n']}/{r['planned']}",
               ", ".join(seed_value(r, s) for s in sorted(r["finals"])) or "–"] for r in rows]
     verdict = {True: "holds", False: "**fails**", None: "not measured"}
-    goal_cells = [[g["shape"], g["budget"], g["goal"], "–" if g["margin"] is None else f"{g['margin']:+.2f}",
+    def margin(g):
+        if g["margin"] is None:
+            return "–"
+        return f"{g['margin']:+.2f}" + (f" ± {g['se']:.2f}" if g.get("se") is not None else "")
+
+    goal_cells = [[g["shape"], g["budget"], g["goal"], margin(g),
                    verdict[g["holds"]] + ("" if g["complete"] or g["holds"] is None else " (partial seeds)")]
                   for g in goals]
     return "\n".join([
@@ -286,7 +301,9 @@ def grid_report(rows, goals, spec_path: Path, env: dict, cmd: str) -> str:
         "whose defaults changed, so that it is retrained.", "",
         markdown_table(["shape (width×heads, depth)", "budget", "entry", "final mean ± std (n)", "seeds done",
                         "per seed"], cells),
-        "", "Goals (margin = difference of the means, points):", "",
+        "", "Goals (margin = difference of the means, points, ± the standard error of that difference, "
+        "√(s₁²/n₁ + s₂²/n₂), where both entries have two or more seeds: a margin within about two standard errors "
+        "of the goal's bound is not decided by these seeds):", "",
         markdown_table(["shape", "budget", "goal", "margin", "verdict"], goal_cells)])
 
 

@@ -365,3 +365,28 @@ def test_tiny_problem_runs_specs_with_a_boosted_group_and_writes_its_table(tmp_p
     assert set(results) == {"a", "b"} and all(len(r["top1"]) == 2 for r in results.values())
     assert all(0.0 <= a <= 100.0 for r in results.values() for a in r["top1"])
     assert "| b | laplacian |" in (tmp_path / "results.md").read_text()
+
+
+def test_learning_grid_goals_carry_the_standard_error_of_the_difference():
+    """Each goal's margin comes with √(s_a²/n_a + s_b²/n_b), so a reader can tell a margin the seeds decide from
+    one they do not; with a single seed of either entry there is no standard error to give."""
+    import math
+    import statistics
+
+    learning = _load("learning")
+
+    def row(entry, values):
+        return {"config": "c.yaml", "shape": "s", "budget": "b", "entry": entry, "planned": len(values),
+                "n": len(values), "mean": statistics.fmean(values),
+                "std": statistics.stdev(values) if len(values) > 1 else None,
+                "finals": {str(i): v for i, v in enumerate(values)}}
+
+    lap, soft, softmax = row("laplacian", [70.0, 72.0, 68.0]), row("soft", [74.0, 71.0]), row("softmax", [60.0])
+    goals = {g["goal"]: g for g in learning.grid_goals([lap, soft, softmax])}
+    vs_soft = goals["laplacian ≥ soft − 0.5"]
+    assert math.isclose(vs_soft["margin"], 70.0 - 72.5)
+    assert math.isclose(vs_soft["se"], math.sqrt(2.0 ** 2 / 3 + statistics.stdev([74.0, 71.0]) ** 2 / 2))
+    assert goals["laplacian ≥ softmax"]["se"] is None
+    text = learning.grid_report([lap, soft, softmax], list(goals.values()), learning.Path("grid.yaml"),
+                                {"cpu": "cpu", "torch": "t", "date_utc": "d"}, "cmd")
+    assert f"-2.50 ± {vs_soft['se']:.2f}" in text and "| +10.00 |" in text
