@@ -6,7 +6,7 @@ import json
 import pytest
 
 from vitmix.bench.config import BenchConfig, SweepResult
-from vitmix.bench.long_sequence import crossover, goals, growth, summary
+from vitmix.bench.long_sequence import crossover, goals, growth, plot, summary
 from vitmix.bench.points import build_point
 from vitmix.cli import main
 
@@ -49,6 +49,25 @@ def test_goals_judge_soft_and_laplacian_per_batch():
                         "soft memory linear in L, batch 4": True,
                         "laplacian faster than softmax from L = 2048, batch 4": False,
                         "laplacian memory linear in L, batch 4": True}
+
+
+def test_every_mixer_of_the_plot_has_its_own_line_style_in_every_column(tmp_path, monkeypatch):
+    """Twelve mixers, as ``--mixers all`` gives: matplotlib's 10-colour cycle drew two of them alike; each must have
+    its own (colour, marker), the same one in each batch's column, with softmax the black dashed baseline."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    names = [f"mixer{i}" for i in range(11)]
+    rows = [_row(name, n, 1.0 + i, 2.0 + i) for i, name in enumerate(["softmax"] + names) for n in (1024, 2048)]
+    config = BenchConfig(kind="mixers", names=names, passes=("fwd+bwd",), sequence=True, sizes=(1024, 2048))
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    plot({1: SweepResult(config, rows, {}), 8: SweepResult(config, rows, {})}, str(tmp_path / "scan.png"))
+    columns = [{line.get_label(): (line.get_color(), line.get_marker()) for line in ax.lines}
+               for ax in figures[0].axes[:2]]
+    styles = [tuple(map(str, style)) for name, style in columns[0].items() if name != "softmax"]
+    assert len(styles) == 11 and len(set(styles)) == 11 and columns[0] == columns[1]
+    assert columns[0]["softmax"][0] == "black" and (tmp_path / "scan.png").is_file()
 
 
 def test_a_sequence_sweep_builds_sequence_layers():

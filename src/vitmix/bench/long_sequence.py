@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .._util import markdown_table
 from .config import BenchConfig, SweepResult
+from .report import line_style
 
 DEFAULT_BATCHES = (1, 8)
 BASELINE = "softmax"
@@ -177,6 +178,7 @@ def plot(results: Dict[int, SweepResult], path: str) -> Optional[str]:
     plt = pyplot("the long-sequence scan's plot")
     batches = sorted(results)
     fig, axes = plt.subplots(2, len(batches), figsize=(6 * len(batches), 8.4), squeeze=False)
+    names = [n for n in dict.fromkeys(r["name"] for b in batches for r in results[b].rows) if n != BASELINE]
     drew = False
     for col, batch in enumerate(batches):
         result = results[batch]
@@ -187,12 +189,13 @@ def plot(results: Dict[int, SweepResult], path: str) -> Optional[str]:
             if not points:
                 continue
             drew = True
-            style = dict(ls="--", lw=2.2, color="black") if name == BASELINE else dict(lw=1.4)
+            style = (dict(ls="--", lw=2.2, color="black", marker="o") if name == BASELINE
+                     else dict(lw=1.4, **line_style(names.index(name))))      # the same style in every column
             xs = [n for n, _ in points]
-            axes[0][col].plot(xs, [r["median_ms"] for _, r in points], marker="o", label=name, **style)
+            axes[0][col].plot(xs, [r["median_ms"] for _, r in points], label=name, **style)
             mem = [(n, r["peak_mib"]) for n, r in points if r.get("peak_mib")]
             if mem:
-                axes[1][col].plot([n for n, _ in mem], [m for _, m in mem], marker="o", label=name, **style)
+                axes[1][col].plot([n for n, _ in mem], [m for _, m in mem], label=name, **style)
         for row, ylabel in ((0, "median time (ms)"), (1, "peak memory (MiB)")):
             ax = axes[row][col]
             ax.set_xscale("log", base=2)

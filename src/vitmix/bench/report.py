@@ -164,6 +164,20 @@ def slope_table(rows: List[dict], kind: str) -> Dict[Tuple[str, str, str], Optio
     return slopes
 
 
+#: markers cycled beside the colours (see :func:`line_style`)
+_MARKERS = "os^Dvx"
+
+
+def line_style(index: int) -> dict:
+    """Colour and marker of a plot's ``index``-th line. Matplotlib's default cycle has 10 colours, so a sweep of
+    every mixer (12 lines) drew two with the same colour and marker; this takes tab20's ten strong shades first,
+    then its ten light ones, each with a marker from a cycle of six: the first 60 lines all differ."""
+    import matplotlib
+
+    shade = (2 * index) % 20 + (index // 10) % 2
+    return {"color": matplotlib.colormaps["tab20"](shade), "marker": _MARKERS[index % len(_MARKERS)]}
+
+
 def plot(rows: List[dict], kind: str, metric: str, path: str, title: str) -> Optional[str]:
     """One log–log figure, a panel per pass, one line per mixer/model with its fitted slope."""
     plt = pyplot("the benchmark report's plots")
@@ -176,6 +190,7 @@ def plot(rows: List[dict], kind: str, metric: str, path: str, title: str) -> Opt
     fig, axes = plt.subplots(1, len(passes), figsize=(6.2 * len(passes), 4.6), squeeze=False)
     ylabel = {"median_ms": "median latency (ms)", "peak_mib": "peak memory (MiB)"}[metric]
     slope_of = "N" if kind == "mixer" else "pixels"
+    order = {name: i for i, name in enumerate(sorted({name for _, name in series}))}   # one style per name
     for ax, pass_name in zip(axes[0], passes):
         for (p, name), pts in sorted(series.items()):
             if p != pass_name:
@@ -186,8 +201,8 @@ def plot(rows: List[dict], kind: str, metric: str, path: str, title: str) -> Opt
             s = fit_slope([x if kind == "mixer" else x * x for x in xs], ys)
             label = name + (f" (slope {s:.2f})" if s is not None else "")
             softmax_like = name in baselines or name.startswith("softmax")
-            ax.plot(xs, ys, marker="o", lw=2 if name in baselines else 1.5, ls="--" if softmax_like else "-",
-                    label=label + (" — baseline" if name in baselines else ""))
+            ax.plot(xs, ys, lw=2 if name in baselines else 1.5, ls="--" if softmax_like else "-",
+                    label=label + (" — baseline" if name in baselines else ""), **line_style(order[name]))
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(_x_label(kind))
@@ -215,10 +230,10 @@ def loglog_panels(rows: List[dict], series: str, names: Sequence[str], x: str, x
     plt = pyplot("the study's plot")
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for name in names:
+    for index, name in enumerate(names):
         sel = [r for r in rows if r[series] == name]
         for ax, (y, _, _) in zip(axes[0], panels):
-            ax.loglog([r[x] for r in sel], [r[y] for r in sel], "o-", label=name)
+            ax.loglog([r[x] for r in sel], [r[y] for r in sel], "-", label=name, **line_style(index))
     for ax, (_, ylabel, panel_title) in zip(axes[0], panels):
         ax.set(xlabel=xlabel, ylabel=ylabel, title=panel_title)
         ax.grid(True, which="both", alpha=0.3)
@@ -329,5 +344,5 @@ def summary_text(result: SweepResult) -> str:
 
 
 __all__ = ["write_results", "load_results", "markdown_table", "markdown_report", "summary_text", "fit_slope", "plot",
-           "slope_table", "loglog_panels", "gpu_lines", "env_lines", "COLUMNS", "COMPILE_COLUMNS", "columns",
-           "compile_summary"]
+           "slope_table", "loglog_panels", "line_style", "gpu_lines", "env_lines", "COLUMNS", "COMPILE_COLUMNS",
+           "columns", "compile_summary"]
