@@ -13,7 +13,11 @@ problem has 16 tokens), so they are screening tools, not mixers for the library.
   (default 10) lets Adam move ``log λ`` ten times faster than an ordinary weight;
 * ``gate_gain``: a learnt per-head gate ``exp(g·p_h)`` on the whitened part, started at 1 (``p_h = 0``), with that
   gain ``g`` (0, the default: no gate). The library's ``temperature="head"`` is this gate at gain 1, which Adam
-  can move by a factor of at most ``e^(lr·steps)``: about 1.1 over the tiny problem's 120 steps at lr 1e-3.
+  can move by a factor of at most ``e^(lr·steps)``: about 1.1 over the tiny problem's 120 steps at lr 1e-3;
+* ``kernel``: ``"l1"`` (the library's ``exp(-‖q - k‖₁ / λ)``) or ``"gauss"`` (SOFT's ``exp(-‖q - k‖² / (2√d))`` on
+  the unscaled ``q``, ``k``), to tell the kernel's part from the map's;
+* ``tie``: ``False`` (the library's separate keys) or ``True``: the keys are the queries and the landmark keys the
+  landmark queries, as in SOFT (the symmetric landmark matrix Newton–Schulz inverts fully).
 
 ``center="rows", whiten="cols"`` is the library's map computed densely (the check that the screen measures the
 variants and not the dense path). Runs the tiny problem with any of them:
@@ -21,6 +25,12 @@ variants and not the dense path). Runs the tiny problem with any of them:
     python experiments/learning/map_variants.py --seeds 0,1,2 --out /tmp/map-variants \\
         "dense map=laplacian_map:width=64,heads=4,lr=1e-3" \\
         "centred over queries=laplacian_map:width=64,heads=4,lr=1e-3,center=queries"
+
+With ``train`` as its first argument the script is ``vitmix train`` with ``laplacian_map`` registered, to screen
+a variant on a grid point (the dense map costs N² memory per head, fine at the grid's 197 tokens):
+
+    python experiments/learning/map_variants.py train --config configs/grid/fmnist196-w128h4d5-check.yaml \
+        --mixer laplacian_map --mixer-option tie=true --seed 0 --out runs/learning/screen/tied
 
 The commands of the committed screens are in their ``results.md``.
 """
@@ -46,7 +56,7 @@ class LaplacianMapVariant(LaplacianAttention):
     """`laplacian` with the map's centring and whitening axes and a learnt per-head λ as options (dense map)."""
 
     def __init__(self, dim, num_heads=8, *args, center="rows", whiten="cols", learn_lam=False, lam_gain=10.0,
-                 gate_gain=0.0, **kwargs):
+                 gate_gain=0.0, kernel="l1", tie=False, **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
         center, whiten = center or "none", whiten or "none"          # the tiny problem's specs read "none" as None
         if center not in ("rows", "queries", "none") or whiten not in ("cols", "rows", "none"):
@@ -55,18 +65,30 @@ class LaplacianMapVariant(LaplacianAttention):
         start = math.log(self.lam / self.qk_scale) / self.lam_gain     # λ acts on unscaled q, k: λ / qk_scale
         self.log_lam = nn.Parameter(torch.full((self.num_heads,), start)) if learn_lam else None
         self.gate_gain = float(gate_gain)
+        if kernel not in ("l1", "gauss"):
+            raise ValueError(f"kernel={kernel!r}: 'l1' or 'gauss'")
+        self.kernel_kind, self.tie = kernel, bool(tie)
         self.log_gate = nn.Parameter(torch.zeros(self.num_heads)) if self.gate_gain else None
 
     def _fused(self, x, grid):
         return None             # always the composed path, which calls _attend below
+
+    def kernel_matrix(self, a, b, lam):
+        """The kernel between the rows of unscaled ``a`` and ``b`` (λ: the L1 kernel's bandwidth on them)."""
+        if self.kernel_kind == "gauss":
+            return torch.exp(-torch.cdist(a, b).square() / (2 * math.sqrt(a.shape[-1])))
+        return torch.exp(-torch.cdist(a, b, p=1) / lam)
 
     def _attend(self, q, k, v, lq, lk):
         n = v.shape[-2]
         lam = (self.log_lam * self.lam_gain).exp().view(-1, 1, 1) if self.log_lam is not None \
             else self.lam / self.qk_scale
 
+        if self.tie:
+            k, lk = q, lq
+
         def kernel(a, b):
-            return torch.exp(-torch.cdist(a, b, p=1) / lam)
+            return self.kernel_matrix(a, b, lam)
 
         # the library's Newton–Schulz op: the same forward and its implicit backward -Vᵀ(dL/dV)Vᵀ
         inverse = newton_schulz_inverse(kernel(lq, lk), iters=self.newton_iters, eps=self.newton_eps,
@@ -84,4 +106,7 @@ class LaplacianMapVariant(LaplacianAttention):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["train"]:      # `vitmix train` with `laplacian_map` registered: a screen on a grid point
+        from vitmix.cli import main
+        sys.exit(main(sys.argv[1:]))
     tiny_problem.main(script="experiments/learning/map_variants.py")

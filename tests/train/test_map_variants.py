@@ -1,7 +1,8 @@
 """The map-variant screen (``experiments/learning/map_variants.py``) measures its variants, not its dense path: with
 the library's axes its dense map gives `laplacian`'s output and input gradient (float64, so the two evaluation
 orders agree to ~1e-13; 1e-10 leaves room for any BLAS), and the other centring axis, a learnt λ and a gate each
-change the layer as documented (a learnt λ and a gate start at the library's function)."""
+change the layer as documented (a learnt λ and a gate start at the library's function); tied keys ignore the key
+projection and the Gaussian kernel is SOFT's."""
 import importlib.util
 import math
 import pathlib
@@ -56,11 +57,31 @@ def test_the_library_axes_give_laplacian(variant_class, batch, options):
 def test_the_other_axes_change_the_layer(variant_class):
     library, _, x = _pair(variant_class, 2)
     ref = library(x)
-    for options in ({"center": "queries"}, {"center": "none"}, {"whiten": "rows"}):
+    for options in ({"center": "queries"}, {"center": "none"}, {"whiten": "rows"}, {"tie": True}, {"kernel": "gauss"}):
         _, variant, _ = _pair(variant_class, 2, **options)
         assert (variant(x) - ref).abs().max() > 1e-3, options
+
+
+def test_tied_keys_are_the_queries(variant_class):
+    # the key rows of qkv (the middle third) and the key landmarks' source no longer reach the output
+    _, variant, x = _pair(variant_class, 2, tie=True)
+    ref = variant(x)
+    with torch.no_grad():
+        variant.qkv.weight[32:64].normal_()
+    assert torch.allclose(variant(x), ref, rtol=0, atol=1e-12)
+
+
+def test_the_gaussian_kernel_is_softs(variant_class):
+    # exp(-‖q - k‖² / (2√d)) on the unscaled q, k (SOFT scales them by d^(-1/4), then exp(-‖·‖²/2)), by hand
+    _, variant, _ = _pair(variant_class, 1, kernel="gauss")
+    a, b = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 3, 16, dtype=torch.float64)
+    scaled = 16 ** -0.25
+    by_hand = torch.exp(-((a[:, :, None] - b[:, None]) * scaled).square().sum(-1) / 2)
+    assert torch.allclose(variant.kernel_matrix(a, b, lam=None), by_hand, rtol=0, atol=1e-14)
 
 
 def test_an_unknown_axis_is_refused(variant_class):
     with pytest.raises(ValueError, match="center='keys'"):
         variant_class(32, 2, hw=HW, center="keys")
+    with pytest.raises(ValueError, match="kernel='cosine'"):
+        variant_class(32, 2, hw=HW, kernel="cosine")
