@@ -6,8 +6,9 @@ bundled 8×8 digits, patch 2, a 2-block ViT, AdamW with batch 128 from the first
 on the last 397, one thread. A run takes seconds,
 so questions about how a mixer learns (which learning rate it needs, which parameters are slow) can be asked
 over many seeds before a grid run. Each spec is ``LABEL=MIXER[:KEY=VALUE,...]``; the keys ``width``, ``heads``,
-``lr``, ``steps``, ``boost`` (parameter-name substrings, ``+``-separated) and ``factor`` (the boosted group's
-learning-rate multiplier, default 4) set the run, every other key is a mixer option:
+``lr``, ``steps``, ``boost`` (parameter-name substrings, ``+``-separated), ``factor`` (the boosted group's
+learning-rate multiplier, default 4), ``depth`` (blocks, default 2), ``mlp`` (MLP ratio, default 2) and ``batch``
+(default 128) set the run, every other key is a mixer option:
 
     python experiments/learning/tiny_problem.py --seeds 0,1,2 --out experiments/learning/results/tiny-lr \\
         "soft=soft:width=64,heads=4,lr=1e-3" "laplacian=laplacian:width=64,heads=4,lr=1e-3" \\
@@ -30,7 +31,8 @@ from vitmix._util import markdown_table
 from vitmix.bench.env import environment
 
 #: the run's own keys in a spec, with their defaults (the guard's two-head problem)
-RUN_KEYS = {"width": 32, "heads": 2, "lr": 4e-3, "steps": 120, "boost": "", "factor": 4.0}
+RUN_KEYS = {"width": 32, "heads": 2, "lr": 4e-3, "steps": 120, "boost": "", "factor": 4.0, "depth": 2, "mlp": 2.0,
+            "batch": 128}
 
 
 def digits():
@@ -68,8 +70,8 @@ def tiny_run(data, mixer: str, seed: int, run: dict, options: dict) -> float:
     x, y = data
     torch.manual_seed(seed)
     model = vitmix.create_model("vit_nano_patch4_32", mixer=mixer, mixer_options=options, img_size=8, in_chans=1,
-                                num_classes=10, patch_size=2, embed_dim=int(run["width"]), depth=2,
-                                num_heads=int(run["heads"]))
+                                num_classes=10, patch_size=2, embed_dim=int(run["width"]), depth=int(run["depth"]),
+                                num_heads=int(run["heads"]), mlp_ratio=float(run["mlp"]))
     boost = [b for b in str(run["boost"]).split("+") if b]
     fast = [p for n, p in model.named_parameters() if any(b in n for b in boost)]
     slow = [p for n, p in model.named_parameters() if not any(b in n for b in boost)]
@@ -79,7 +81,7 @@ def tiny_run(data, mixer: str, seed: int, run: dict, options: dict) -> float:
     draw = torch.Generator().manual_seed(seed)
     model.train()
     for _ in range(int(run["steps"])):
-        idx = train[torch.randint(0, len(train), (128,), generator=draw)]
+        idx = train[torch.randint(0, len(train), (int(run["batch"]),), generator=draw)]
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad()
         loss.backward()

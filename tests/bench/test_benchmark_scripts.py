@@ -367,6 +367,20 @@ def test_tiny_problem_runs_specs_with_a_boosted_group_and_writes_its_table(tmp_p
     assert "| b | laplacian |" in (tmp_path / "results.md").read_text()
 
 
+def test_tiny_problem_model_shape_and_batch_are_run_keys(monkeypatch):
+    # depth, MLP ratio and batch shape the run (the held-out recipe's deeper model), not the mixer's options
+    script = _load("tiny_problem")
+    _, _, run, options = script.parse_spec("d=laplacian:depth=3,mlp=4,batch=16,steps=1")
+    assert options == {} and (run["depth"], run["mlp"], run["batch"]) == (3, 4, 16)
+    built, batches = {}, []
+    create, loss = script.vitmix.create_model, script.F.cross_entropy
+    monkeypatch.setattr(script.vitmix, "create_model", lambda *a, **k: built.setdefault("m", create(*a, **k)))
+    monkeypatch.setattr(script.F, "cross_entropy", lambda logits, y: batches.append(len(y)) or loss(logits, y))
+    script.tiny_run(script.digits(), "laplacian", 0, run, options)
+    assert len(built["m"].blocks) == 3 and built["m"].blocks[0].mlp.fc1.out_features == 4 * 32
+    assert batches == [16]
+
+
 def test_learning_grid_goals_carry_the_standard_error_of_the_difference():
     """Each goal's margin comes with √(s_a²/n_a + s_b²/n_b), so a reader can tell a margin the seeds decide from
     one they do not; with a single seed of either entry there is no standard error to give."""
