@@ -36,6 +36,7 @@ The commands of the committed screens are in their ``results.md``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from pathlib import Path
@@ -61,12 +62,12 @@ class LaplacianMapVariant(LaplacianAttention):
         center, whiten = center or "none", whiten or "none"          # the tiny problem's specs read "none" as None
         if center not in ("rows", "queries", "none") or whiten not in ("cols", "rows", "none"):
             raise ValueError(f"center={center!r} / whiten={whiten!r}: see the module docstring for the choices")
+        if kernel not in ("l1", "gauss"):
+            raise ValueError(f"kernel={kernel!r}: 'l1' or 'gauss'")
         self.center, self.whiten, self.lam_gain = center, whiten, float(lam_gain)
         start = math.log(self.lam / self.qk_scale) / self.lam_gain     # λ acts on unscaled q, k: λ / qk_scale
         self.log_lam = nn.Parameter(torch.full((self.num_heads,), start)) if learn_lam else None
         self.gate_gain = float(gate_gain)
-        if kernel not in ("l1", "gauss"):
-            raise ValueError(f"kernel={kernel!r}: 'l1' or 'gauss'")
         self.kernel_kind, self.tie = kernel, bool(tie)
         self.log_gate = nn.Parameter(torch.zeros(self.num_heads)) if self.gate_gain else None
 
@@ -86,9 +87,7 @@ class LaplacianMapVariant(LaplacianAttention):
 
         if self.tie:
             k, lk = q, lq
-
-        def kernel(a, b):
-            return self.kernel_matrix(a, b, lam)
+        kernel = functools.partial(self.kernel_matrix, lam=lam)
 
         # the library's Newton–Schulz op: the same forward and its implicit backward -Vᵀ(dL/dV)Vᵀ
         inverse = newton_schulz_inverse(kernel(lq, lk), iters=self.newton_iters, eps=self.newton_eps,
