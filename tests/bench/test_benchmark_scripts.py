@@ -11,7 +11,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 SCRIPTS = {"fibottention": "benchmarks", "onnx_parity": "benchmarks", "learning": "experiments/learning",
            "learning_diagnostics": "experiments/learning", "convert_recovery": "experiments/convert_recovery",
-           "replace_entry": "experiments/compare", "tiny_problem": "experiments/learning"}
+           "replace_entry": "experiments/compare", "tiny_problem": "experiments/learning",
+           "knockout": "experiments/learning"}
 
 
 def _load(name):
@@ -274,15 +275,20 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
         recovery.main(argv)
 
 
-def test_learning_diagnostics_reads_trained_runs_per_block_and_head(tmp_path):
-    """``--runs``: the kernel statistics of trained checkpoints (no training), one row per block, one value
-    per head; a run without a kernel mixer is refused by name."""
+def _train_tiny_runs(folder, mixers):
+    """Two-step runs of a 2-block, 3-head nano ViT on digits, one per mixer, in ``folder/<mixer>``."""
     from vitmix.train import TrainConfig, train
 
     tiny = dict(model="vit_nano_patch4_32", data="digits", img_size=16, batch_size=32, epochs=1, max_steps=2,
                 model_options={"depth": 2, "embed_dim": 48, "num_heads": 3})
-    for mixer in ("laplacian", "softmax"):
-        train(TrainConfig(**tiny, mixer=mixer, out=str(tmp_path / mixer)), log=lambda _line: None)
+    for mixer in mixers:
+        train(TrainConfig(**tiny, mixer=mixer, out=str(folder / mixer)), log=lambda _line: None)
+
+
+def test_learning_diagnostics_reads_trained_runs_per_block_and_head(tmp_path):
+    """``--runs``: the kernel statistics of trained checkpoints (no training), one row per block, one value
+    per head; a run without a kernel mixer is refused by name."""
+    _train_tiny_runs(tmp_path, ("laplacian", "softmax"))
     diagnostics = _load("learning_diagnostics")
     diagnostics.main(["--runs", str(tmp_path / "laplacian"), "--images", "5", "--out", str(tmp_path / "out")])
     rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
@@ -300,6 +306,53 @@ def test_learning_diagnostics_reads_trained_runs_per_block_and_head(tmp_path):
     assert md.count("| laplacian |") == 1 + 2 and "| 3×16 |" in md and "first 5 validation images" in md
     with pytest.raises(SystemExit, match="softmax has no kernel"):
         diagnostics.main(["--runs", str(tmp_path / "softmax"), "--out", str(tmp_path / "out2")])
+
+
+@pytest.mark.parametrize("name", ["soft", "laplacian"])
+def test_knockout_removes_each_part_and_restores_the_mixer(name):
+    """The mixer is affine in (kernel attention + local conv) through its output linear, so the full output plus
+    the output with both parts off (the bias) equals the sum of the two single knock-outs; with the attention
+    replaced by its token mean, what it adds is the same for every token. Leaving the context restores the mixer
+    (the C path and the conv come back)."""
+    import torch
+    from vitmix import mixers
+
+    knockout = _load("knockout")
+    torch.manual_seed(0)
+    m = mixers.create(name, 32, num_heads=2, hw=(6, 6)).double().eval()
+    with torch.no_grad():       # give the output linear a bias so that the affine identity is not trivially linear
+        (m.proj if hasattr(m, "proj") else m.ff).bias.normal_()
+    x = torch.randn(2, 36, 32, dtype=torch.float64)
+    out = {}
+    with torch.no_grad():
+        for condition in knockout.CONDITIONS:
+            with knockout.knocked_out([m], condition):
+                out[condition] = m(x)
+        with knockout.knocked_out([m], "attention off"):
+            m.conv_kernel = 0
+            bias_only = m(x)
+        restored = m(x)
+    assert torch.allclose(out["full"] + bias_only, out["attention off"] + out["local off"], atol=1e-12)
+    added = out["attention→mean"] - out["attention off"]
+    assert float(added.std(dim=1).max()) < 1e-12 and float(added.abs().max()) > 1e-6
+    assert not torch.allclose(out["full"], out["attention off"]) and not torch.allclose(out["full"], out["local off"])
+    assert m.conv_kernel == 3 and "_fused" not in m.__dict__ and "_attend" not in m.__dict__
+    assert torch.allclose(restored, out["full"], atol=1e-12)
+
+
+def test_knockout_reports_every_condition_of_a_trained_run(tmp_path):
+    """``--runs``: one row per run with the accuracy under every condition; a run without a kernel mixer is
+    refused by name."""
+    _train_tiny_runs(tmp_path, ("laplacian", "softmax"))
+    knockout = _load("knockout")
+    knockout.main(["--runs", str(tmp_path / "laplacian"), "--images", "40", "--out", str(tmp_path / "out")])
+    (row,) = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert row["mixer"] == "laplacian" and row["images"] == 40
+    assert set(row["accuracy"]) == set(knockout.CONDITIONS)
+    assert all(0 <= a <= 100 for a in row["accuracy"].values())
+    assert "| laplacian |" in (tmp_path / "out" / "results.md").read_text()
+    with pytest.raises(SystemExit, match="softmax has no kernel mixer"):
+        knockout.main(["--runs", str(tmp_path / "softmax"), "--out", str(tmp_path / "out2")])
 
 
 def _board_copy(tmp_path, name, keep=None, shift=0.0):
