@@ -40,23 +40,20 @@ def kernel_mixers(model) -> list:
     return [m for m in model.modules() if hasattr(m, "_attend") and hasattr(m, "conv_kernel")]
 
 
+#: what the kernel attention's output (B, heads, tokens, head_dim) becomes under each attention knock-out
+REPLACE_ATTENTION = {"attention→mean": lambda out: out.mean(dim=-2, keepdim=True).expand_as(out),
+                     "attention off": torch.zeros_like}
+
+
 @contextmanager
 def knocked_out(mixers: list, condition: str):
     """Every mixer in ``mixers`` on its composed path with ``condition`` applied; restored on exit."""
-    def attend(original, how):
-        def run(*args):
-            out = original(*args)                        # (B, heads, tokens, head_dim)
-            return out.mean(dim=-2, keepdim=True).expand_as(out) if how == "mean" else torch.zeros_like(out)
-        return run
-
     names = ("_fused", "_attend", "conv_kernel")
     saved = [{n: m.__dict__[n] for n in names if n in m.__dict__} for m in mixers]
     for m in mixers:
         m._fused = lambda x, grid: None
-        if condition == "attention→mean":
-            m._attend = attend(type(m)._attend.__get__(m), "mean")
-        elif condition == "attention off":
-            m._attend = attend(type(m)._attend.__get__(m), "zero")
+        if condition in REPLACE_ATTENTION:
+            m._attend = lambda *args, _attend=m._attend, _replace=REPLACE_ATTENTION[condition]: _replace(_attend(*args))
         elif condition == "local off":
             m.conv_kernel = 0
     try:
