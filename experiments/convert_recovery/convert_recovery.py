@@ -17,7 +17,9 @@ so the command resumes. Each seed's accuracies go to ``seed<S>.json`` in ``--out
 file there, the goals and a plot go beside them (``recovery.md``, ``recovery.csv``, ``recovery.json``,
 ``recovery.png``), rewritten after every run. Seeds can therefore be run by separate commands (two
 single-thread processes side by side, or on different days) and still land in one table;
-``--report-only`` rewrites the table from those files alone.
+``--report-only`` rewrites the table from those files alone. A mixer already in a seed's file (with its
+teacher-budget run, unless ``--no-teacher-budget``) is not trained again, its run folders may be gone (another
+machine): the committed files carry the grid forward.
 
 Each run is also one command: the teacher and the scratch runs are
 ``vitmix train --config CONFIG --mixer NAME --seed S``; a converted student is the same plus
@@ -345,7 +347,13 @@ def main(argv=None) -> None:
         print(write({}, mixers, students, args.config, args.out, env, cmd))
         return
     for seed in (int(s) for s in args.seeds.split(",") if s):
-        runs = plan(cfg, mixers, seed, args.runs / f"seed{seed}", students)
+        saved = seed_results(args.out, {}, students).get(seed, {}).get("mixers", {})
+        todo = [m for m in mixers if m not in saved      # committed rows outlive the run folders
+                or (not args.no_teacher_budget and saved[m].get("scratch") is None)]
+        if not todo:
+            print(f"seed {seed}: every mixer is in {args.out / f'seed{seed}.json'}, nothing to train")
+            continue
+        runs = plan(cfg, todo, seed, args.runs / f"seed{seed}", students)
         per_seed[seed] = {}
         run_seed(runs, per_seed[seed], log=print, teacher_budget=not args.no_teacher_budget,
                  done=lambda: write(per_seed, mixers, students, args.config, args.out, env, cmd))

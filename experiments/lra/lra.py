@@ -10,10 +10,11 @@ task's shipped config, the same for every mixer::
     python experiments/lra/lra.py --tasks listops --mixers softmax,soft,nystromformer --seeds 0
     python experiments/lra/lra.py --report-only                # the table again from results/lra.json
 
-Runs go to ``runs/lra/<task>/seed<S>/<mixer>``; finished runs are read back and interrupted ones resumed, so the
-command resumes. The accuracies go to ``experiments/lra/results/lra.json`` (merged with what earlier or parallel
-commands wrote there, provided they used the same budget), and the table, the goals and a plot beside it
-(``lra.md``, ``lra.csv``, ``lra.png``), rewritten after every run. A run's number is its final validation accuracy
+Runs go to ``runs/lra/<task>/seed<S>/<mixer>``, interrupted ones are resumed. The accuracies go to
+``experiments/lra/results/lra.json`` (merged with what earlier or parallel commands wrote there, provided they used
+the same budget), and the table, the goals and a plot beside it (``lra.md``, ``lra.csv``, ``lra.png``), rewritten
+after every run. A (task, mixer, seed) already in ``lra.json`` is not trained again, so the command resumes, also on
+another machine from the committed results. A run's number is its final validation accuracy
 (no checkpoint is picked on the data it is scored on).
 
 Budget flags (default: the configs' own, 3 epochs of 16,000 items at batch 32 = 1,500 steps): ``--epochs``,
@@ -254,6 +255,9 @@ def main(argv=None) -> int:
     cmd = "python experiments/lra/lra.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if not args.report_only:
         for task, mixer, seed, entry in plan(tasks, mixers, seeds, args.runs, plan_budget, args.device):
+            if seed in acc.get(task, {}).get(mixer, {}):     # committed results outlive the run folders
+                print(f"{task} / {mixer} / seed {seed}: in {args.out / 'lra.json'}, not retrained")
+                continue
             print(f"{task} / {mixer} / seed {seed}: {entry.run_dir}")
             summary = train_entry(entry, log=print, on_epoch=None)
             acc.setdefault(task, {}).setdefault(mixer, {})[seed] = summary["final_val_acc"]

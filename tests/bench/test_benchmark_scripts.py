@@ -3,6 +3,7 @@ import hashlib
 import json
 import importlib.util
 import pathlib
+import shutil
 
 import pytest
 
@@ -203,7 +204,8 @@ def test_learning_grid_reads_committed_values_back_without_the_runs_and_forget_r
 
 def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_path, monkeypatch):
     """experiments/convert_recovery/convert_recovery.py: teacher, converted students and from-scratch runs are trained
-    once; a second call retrains nothing, re-measures nothing and writes the same table."""
+    once; a second call retrains nothing, re-measures nothing and writes the same table, also when the run folders
+    are gone and only the seed files remain."""
     recovery = _load("convert_recovery")
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("model: vit_nano_patch4_32\nmodel_options: {depth: 1, embed_dim: 32, num_heads: 2}\n"
@@ -239,11 +241,18 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
     recovery.main(argv + ["--no-teacher-budget"])     # finished teacher-budget runs are still read back
     assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rows"] == first["rows"]
     scratch = tmp_path / "runs" / "seed0" / "scratch" / "laplacian"
-    scratch.rename(scratch.with_name("moved"))       # ... and a missing one is left out, not trained
+    seed_file = tmp_path / "out" / "seed0.json"
+    saved = seed_file.read_text()
+    seed_file.unlink()                               # a mixer not in the seed file is measured again,
+    scratch.rename(scratch.with_name("moved"))       # ... and a missing teacher-budget run left out, not trained
     recovery.main(argv + ["--no-teacher-budget"])
     assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rows"][1]["scratch_mean"] is None
     scratch.with_name("moved").rename(scratch)
+    recovery.main(argv)                              # without the flag, that row is incomplete: read back again
+    assert json.loads(seed_file.read_text())["result"] == json.loads(saved)["result"]
+    shutil.rmtree(tmp_path / "runs")                 # another machine: the committed seed files alone
     recovery.main(argv)
+    assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rows"] == first["rows"]
     recovery.main(argv + ["--report-only"])       # the table from the seed files alone, naming their command
     assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rows"] == first["rows"]
     assert "--seeds 0 --ft-epochs 2" in (tmp_path / "out" / "recovery.md").read_text().split("`, `")[0]

@@ -1,5 +1,7 @@
 """`vitmix robot compare`: the table and the claim from rows, and the grid end to end at toy size,
-continued by rerunning the command."""
+continued by rerunning the command, also where only its committed results files are left."""
+import shutil
+
 import pytest
 
 from vitmix.cli import main
@@ -50,5 +52,23 @@ def test_compare_grid_runs_and_continues(tmp_path, capsys):
     capsys.readouterr()
     assert main(argv) == 0                                      # everything done: nothing retrained or re-rolled
     out = capsys.readouterr().out
-    assert "already trained for 2 steps" in out and "rollout 1/1" not in out
+    assert "already trained for 2 steps" not in out and "rollout 1/1" not in out      # read from results.json
     assert (tmp_path / "grid" / "results.md").read_text() == table
+    shutil.rmtree(tmp_path / "grid" / "runs")        # another machine: only the committed results files
+    shutil.rmtree(tmp_path / "grid" / "demos")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "demonstrations" not in out and "training" not in out and "rollout" not in out
+    assert (tmp_path / "grid" / "results.md").read_text() == table
+    assert main([*argv[:-2], "--sample-steps", "2"]) == 2                  # another recipe: refused, kept
+    assert "holds runs of recipe" in capsys.readouterr().err
+    assert (tmp_path / "grid" / "results.md").read_text() == table
+
+
+def test_table_of_a_grid_still_running_leaves_its_holes_open():
+    rows = _rows((0.8,), soft=(0.5,), big=(0.7,)) + [{"task": "can", "mixer": "softmax", "seed": 0, "success_rate": 0.2,
+                                                     "rollouts": 50, "train_steps": 1500, "train_seconds": 10.0}]
+    text = results_table(rows, {**DEMOS, "can": DEMOS["lift"]})
+    assert "| fibottention | 0.80 ± 0.00 (0.80) | – | – |" in text
+    assert "| softmax | 0.50 ± 0.00 (0.50) | 0.20 ± 0.00 (0.20) | 0.350 |" in text
+    assert "not checked" in text

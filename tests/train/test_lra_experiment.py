@@ -1,9 +1,10 @@
 """experiments/lra/lra.py at smoke size: 2 tasks × 2 mixers × 1 seed of 2 steps on tiny generated sets; finished
-runs are read back (nothing retrained), the table keeps the anchors' rows beside ours, and results of another
-budget are refused."""
+runs are read back, results already in lra.json are not retrained when the run folders are gone (another machine),
+the table keeps the anchors' rows beside ours, and results of another budget are refused."""
 import importlib.util
 import json
 import pathlib
+import shutil
 
 import pytest
 
@@ -44,6 +45,10 @@ def test_lra_comparison_runs_reads_back_and_reports(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(runner, "train", no_work)
+    assert lra.main(argv) == 0
+    assert json.loads((out / "lra.json").read_text())["accuracy"] == first["accuracy"]
+    shutil.rmtree(runs)                         # another machine: only the committed results are there
+    monkeypatch.setattr(lra, "train_entry", no_work)
     assert lra.main(argv) == 0
     assert json.loads((out / "lra.json").read_text())["accuracy"] == first["accuracy"]
     with pytest.raises(ValueError, match="holds runs of budget"):
