@@ -49,12 +49,16 @@ STAGES = ("converted", "transfer", "ft1", "ft_last")     # the student's accurac
 GOAL_MIXERS = ("laplacian", "soft")
 GOAL_GAP = 1.0                                           # points below the teacher allowed after one epoch
 SCRATCH = ("scratch_student", "scratch")                 # from scratch for the student's / the teacher's budget
+DISTILL_WEIGHT = TrainConfig.distill_weight              # DeiT's soft distillation: half task loss, half teacher
 
 
 def recipe(args) -> dict:
     """The students' schedule: what the flags say, recorded with the results."""
-    return {"transfer_epochs": args.transfer_epochs, "transfer_lr": args.transfer_lr, "epochs": args.ft_epochs,
-            "lr": args.ft_lr, "warmup_epochs": args.ft_warmup, "distill": not args.no_distill}
+    students = {"transfer_epochs": args.transfer_epochs, "transfer_lr": args.transfer_lr, "epochs": args.ft_epochs,
+                "lr": args.ft_lr, "warmup_epochs": args.ft_warmup, "distill": not args.no_distill}
+    if args.distill_weight != DISTILL_WEIGHT:        # recorded only when changed: older seed files still match
+        students["distill_weight"] = args.distill_weight
+    return students
 
 
 def plan(cfg: TrainConfig, mixers, seed: int, root: Path, students: dict) -> dict:
@@ -193,13 +197,17 @@ def report(rows, goal_rows, per_seed, students: dict, cfg_path: Path, env: dict,
     cfg = TrainConfig.from_dict(load_yaml(cfg_path))
     teacher = rows[0]
     student_epochs = students["transfer_epochs"] + students["epochs"]
+    weight = students.get("distill_weight", DISTILL_WEIGHT)
+    stages = {"converted": "converted", "transfer": "after transfer", "ft1": "fine-tune 1 ep",
+              "ft_last": f"fine-tune {students['epochs']} ep", "scratch_student": f"from scratch, {student_epochs} ep",
+              "scratch": f"from scratch, {cfg.epochs} ep"}
+    if students["epochs"] == 1:                      # one fine-tuning epoch: its first is its last
+        del stages["ft_last"]
     table = markdown_table(
-        ["mixer", "n", "converted", "after transfer", "fine-tune 1 ep", f"fine-tune {students['epochs']} ep",
-         f"from scratch, {student_epochs} ep", f"from scratch, {cfg.epochs} ep", "1 ep − teacher"],
-        [[r["entry"], r["n"], _pm(r, "converted"), _pm(r, "transfer"), _pm(r, "ft1"), _pm(r, "ft_last"),
-          _pm(r, "scratch_student"), _pm(r, "scratch"),
+        ["mixer", "n", *stages.values(), "1 ep − teacher"],
+        [[r["entry"], r["n"], *(_pm(r, key) for key in stages),
           f"{r['ft1_mean'] - teacher['teacher_mean']:+.2f}" if r["ft1_mean"] is not None else "–"]
-         for r in rows[1:]], align="lrrrrrrrr")
+         for r in rows[1:]], align="lr" + "r" * (len(stages) + 1))
     data = (f"a {cfg.train_subset}-image subset of {cfg.data} (the seed draws it)" if cfg.train_subset
             else f"the full {cfg.data} training set")
     goal_table = markdown_table(["mixer", "goal", "margin (points)", "verdict"],
@@ -216,7 +224,7 @@ def report(rows, goal_rows, per_seed, students: dict, cfg_path: Path, env: dict,
         f"mixer's defaults, {students['transfer_epochs']} epoch(s) of attention transfer (lr "
         f"{students['transfer_lr']:g}), then {students['epochs']} epochs of fine-tuning (lr {students['lr']:g}, "
         f"warm-up {students['warmup_epochs']:g} epoch, cosine; "
-        + ("logit distillation from the teacher, DeiT's soft α = 0.5, τ = 1" if students["distill"] else
+        + (f"logit distillation from the teacher, DeiT's soft α = {weight:g}, τ = 1" if students["distill"] else
            "task loss only") + ") on the same data. 'fine-tune 1 ep' is epoch 1 of that schedule.", "",
         "Top-1 (%) on the full validation split, mean ± sample std over the finished seeds (n):", "",
         table, "", *_teacher_notes(per_seed),
@@ -322,6 +330,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ft-lr", type=float, default=5e-4, help="fine-tuning peak lr (default: %(default)s)")
     ap.add_argument("--ft-warmup", type=float, default=0.2, help="fine-tuning warm-up epochs (default: %(default)s)")
     ap.add_argument("--no-distill", action="store_true", help="fine-tune with the task loss only")
+    ap.add_argument("--distill-weight", type=float, default=DISTILL_WEIGHT,
+                    help="the teacher's share of the fine-tuning loss (default: %(default)s; 1: the teacher alone)")
     ap.add_argument("--no-teacher-budget", action="store_true",
                     help="skip the from-scratch runs for the teacher's budget (read back where finished)")
     ap.add_argument("--runs", type=Path, default=Path("runs/convert-recovery-full"),

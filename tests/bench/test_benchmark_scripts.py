@@ -284,6 +284,34 @@ def test_convert_recovery_measures_every_stage_then_reads_everything_back(tmp_pa
         recovery.main(argv)
 
 
+def test_convert_recovery_records_the_distill_weight_only_when_changed():
+    """A changed teacher share is part of the student recipe (seed files of another one are refused); the default
+    is left out, so the seed files written before the flag existed still match."""
+    from types import SimpleNamespace
+
+    recovery = _load("convert_recovery")
+    flags = dict(transfer_epochs=1, transfer_lr=1e-4, ft_epochs=1, ft_lr=5e-4, ft_warmup=0.2, no_distill=False)
+    assert "distill_weight" not in recovery.recipe(SimpleNamespace(**flags, distill_weight=recovery.DISTILL_WEIGHT))
+    assert recovery.recipe(SimpleNamespace(**flags, distill_weight=1.0))["distill_weight"] == 1.0
+
+
+def test_convert_recovery_table_of_a_one_epoch_fine_tune_has_one_fine_tune_column(tmp_path):
+    recovery = _load("convert_recovery")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("model: vit_nano_patch4_32\ndata: digits\nepochs: 3\n")
+    row = {"converted": 20.0, "transfer": 70.0, "ft1": 85.0, "ft_last": 85.0, "scratch_student": 80.0, "scratch": None}
+    per_seed = {0: {"teacher": 86.0, "mixers": {"laplacian": row}}}
+    students = {"transfer_epochs": 1, "transfer_lr": 1e-3, "epochs": 1, "lr": 5e-4, "warmup_epochs": 0.2,
+                "distill": True, "distill_weight": 1.0}
+    rows = recovery.summarise(per_seed, ["laplacian"])
+    env = {"cpu": "x", "torch": "y", "date_utc": "z"}
+    text = recovery.report(rows, recovery.goals(rows), per_seed, students, cfg, env, "cmd")
+    header = "| mixer | n | converted | after transfer | fine-tune 1 ep | from scratch, 2 ep | from scratch, 3 ep |"
+    assert header in text
+    assert "| laplacian | 1 | 20.00 | 70.00 | 85.00 | 80.00 | – | -1.00 |" in text
+    assert "DeiT's soft α = 1, τ = 1" in text
+
+
 def _train_tiny_runs(folder, mixers):
     """Two-step runs of a 2-block, 3-head nano ViT on digits, one per mixer, in ``folder/<mixer>``."""
     from vitmix.train import TrainConfig, train
