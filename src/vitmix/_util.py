@@ -10,6 +10,7 @@ import csv
 import difflib
 import errno
 import os
+import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -158,5 +159,19 @@ def cache_dir(*parts: str) -> Path:
     return Path(os.environ.get("VITMIX_CACHE_DIR") or Path.home() / ".cache" / "vitmix", *parts)
 
 
-__all__ = ["atomic_write", "autocast", "cache_dir", "close_matches", "disk_full", "markdown_table", "plural",
-           "table_columns", "write_csv"]
+# ------------------------------------------------------------------------------------------ machine
+def cpu_model() -> str:
+    """The CPU model name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:  # non-Linux (no /proc): tested by making the read fail
+        pass
+    return platform.processor() or platform.machine()
+
+
+__all__ = ["atomic_write", "autocast", "cache_dir", "close_matches", "cpu_model", "disk_full", "markdown_table",
+           "plural", "table_columns", "write_csv"]
+

@@ -10,17 +10,7 @@ from typing import Optional
 
 import torch
 
-
-def cpu_model() -> str:
-    """The CPU model name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:  # non-Linux (no /proc): tested by making the read fail
-        pass
-    return platform.processor() or platform.machine()
+from .._util import cpu_model  # noqa: F401  (re-exported: the header and the robot rows name the CPU alike)
 
 
 def load_average() -> Optional[float]:

@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Sequence
 import numpy as np
 import torch
 
-from .._util import markdown_table, write_csv
+from .._util import cpu_model, markdown_table, write_csv
 from ..runs.checkpoints import save_text
 from .demos import DEMO_FILE, make_demos
 from .runner import RobotTrainConfig, eval_dir, evaluate_policy, train_policy
@@ -90,8 +90,6 @@ def _train_and_evaluate(out: Path, task: str, mixer: str, seed: int, recipe: dic
 
 
 def _machine() -> str:
-    from ..bench.env import cpu_model
-
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return f"{gpu or cpu_model()} · {torch.get_num_threads()} torch threads · torch {torch.__version__}"
 
